@@ -1,0 +1,1 @@
+"""Shipped ``.rfpolicy`` files (imported as ``sgl_ridgefill.policies``)."""

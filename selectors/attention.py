@@ -1,0 +1,86 @@
+"""``attention_topk``: the prefix rows that receive the most attention from the question.
+
+A filled row's value error moves a query's output by ``a_ij * delta`` and its logit error by at most
+``2 V a_ij (e^|eps| - 1)``; both scale with the attention ``a_ij`` the row receives, so the most
+attended rows are the ones to compute exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .base import QUERY_KINDS, AttentionRequirement, SelectionInputs
+from .rows import rank_by_score, share_count
+from .spec import ArgumentError, BindContext, Param, SelectorSpec
+
+# The reference study sums over whichever of these attention layers lie below the split.
+DEFAULT_LAYERS = (3, 7, 11, 15)
+
+
+def attention_topk(inputs: SelectionInputs, *, q: int, share: float, layers: tuple[int, ...], query: str) -> torch.Tensor:
+    """The prefix rows that receive the most attention from `q` query tokens (top `share` of the prefix).
+
+    Attention is summed over all heads of the chosen attention layers below the split (default:
+    whichever of layers 3, 7, 11 and 15 lie below it) and over the query tokens. `query="last"` uses
+    the last `q` prompt tokens, which usually hold the question; `query="before_tail"` uses the `q`
+    tokens just before the tail, a question-blind variant for caches that serve several questions.
+    Returns ranked rows, most attended first: [round(share * prefix_len)] int64.
+    """
+    received = inputs.statistic(AttentionRequirement(tuple(layers), query, q), "attention_topk")
+    return rank_by_score(received)[: share_count(share, inputs.prefix_len)]
+
+
+def _resolve(args: dict[str, Any], ctx: BindContext) -> dict[str, Any]:
+    explicit = args["layers"] is not None
+    layers = tuple(args["layers"]) if explicit else DEFAULT_LAYERS
+    if explicit:
+        if not layers:
+            raise ArgumentError("attention_topk(layers=[]) names no layer", "layers")
+        if len(set(layers)) != len(layers):
+            raise ArgumentError(f"attention_topk(layers=...) names a layer twice: {list(layers)}", "layers")
+        for layer in layers:
+            if layer < 0 or (ctx.num_layers is not None and layer >= ctx.num_layers):
+                bound = f" (the model has {ctx.num_layers} layers)" if ctx.num_layers is not None else ""
+                raise ArgumentError(f"attention_topk(): layer {layer} does not exist{bound}", "layers")
+            if ctx.split is not None and layer >= ctx.split:
+                raise ArgumentError(
+                    f"attention_topk(): layer {layer} is not below split {ctx.split}; attention statistics come "
+                    "from the layers every row runs exactly",
+                    "layers",
+                )
+            if ctx.attention_layers is not None and layer not in ctx.attention_layers:
+                raise ArgumentError(f"attention_topk(): layer {layer} is not an attention layer of this model", "layers")
+    else:
+        if ctx.split is not None:
+            layers = tuple(l for l in layers if l < ctx.split)
+        if ctx.attention_layers is not None:
+            layers = tuple(l for l in layers if l in ctx.attention_layers)
+        if not layers:
+            raise ArgumentError(
+                f"attention_topk(): none of the default layers 3, 7, 11, 15 is an attention layer below split "
+                f"{ctx.split}; choose layers with layers=[...]",
+                None,
+            )
+    return {**args, "layers": tuple(sorted(layers))}
+
+
+def _requirements(args: Mapping[str, Any]) -> tuple[AttentionRequirement, ...]:
+    return (AttentionRequirement(tuple(args["layers"]), args["query"], args["q"]),)
+
+
+SPEC = SelectorSpec(
+    name="attention_topk",
+    fn=attention_topk,
+    params=(
+        Param("q", "int", "query tokens whose attention is summed", default=64, minimum=1, maximum=1 << 20),
+        Param("share", "share", "share of the prefix to select", default=0.10),
+        Param("layers", "int_list", "attention layers below the split to sum over", default=None),
+        Param("query", "str", "which tokens ask: the last q, or the q before the tail", default="last", choices=QUERY_KINDS),
+    ),
+    resolve=_resolve,
+    requirements=_requirements,
+    expected_rows=lambda args, n: share_count(args["share"], n),
+)

@@ -1,0 +1,138 @@
+"""``lexical_net``: sentences that talk about what the end of the prompt asks about, and hold a rare word.
+
+Attention from the question misses a sentence the question paraphrases; shared vocabulary with the last
+content tokens plus a word too rare to be boilerplate catches many of those (the Qwen3.8-27B deployment
+reserves up to 5 % of its budget for these rows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from .base import SelectionInputs
+from .rows import empty_rows, rank_by_score
+from .spec import Param, SelectorSpec
+
+# Function words never count as shared or rare: with them nearly every sentence shares four words
+# ("the", "of", "and", "that") with any question.
+STOPWORDS = frozenset(
+    """
+    about above after again against all also and any are because been before being below between both but
+    can could did does doing down during each few for from further had has have having her here hers herself
+    him himself his how into its itself just more most not now off once only other our ours ourselves out
+    over own same she should some such than that the their theirs them themselves then there these they this
+    those through too under until very was were what when where which while who whom why will with would you
+    your yours yourself yourselves
+    """.split()
+)
+_MIN_WORD_LEN = 3
+# Assumed for `policy explain` only: the net is normally capped by its reservation.
+_TYPICAL_SHARE = 0.05
+
+
+def _is_lexical(word: str, stopwords: bool) -> bool:
+    return len(word) >= _MIN_WORD_LEN and not (stopwords and word in STOPWORDS)
+
+
+def lexical_net(
+    inputs: SelectionInputs,
+    *,
+    min_shared: int,
+    query_tokens: int,
+    max_count: int,
+    rows_per_sentence: int,
+    stopwords: bool,
+) -> torch.Tensor:
+    """Sentences sharing `min_shared` or more words with the last `query_tokens` content tokens of the
+    prompt and holding a word that appears at most `max_count` times in the prefix (first
+    `rows_per_sentence` rows of each).
+
+    Words are maximal runs of alphanumeric tokens joined at word starts, compared lowercase; words
+    shorter than three characters, and function words when `stopwords` is true, are ignored. A
+    sentence ends after a token ending in ".", "!" or "?" (closing quotes allowed), a token holding a
+    newline, or a special token. Content tokens are non-special tokens with a letter or digit;
+    sentences that reach into those last content tokens are skipped (they would match themselves).
+    Returns ranked rows: sentences sharing more words first, then prompt order.
+    """
+    table = inputs.require_tokens("lexical_net")
+    prefix_len = inputs.prefix_len
+    ids = inputs.token_ids
+    if prefix_len == 0 or ids.numel() == 0:
+        return empty_rows()
+    inside = ids < len(table)
+    safe = ids.clamp(0, len(table) - 1)
+    alnum = (table.has_alnum[safe] & inside & ~table.special_mask(ids)).tolist()
+    breaks = ((table.ends_sentence[safe] & inside) | table.special_mask(ids)).tolist()
+    starts = table.word_starts(ids).tolist()
+    texts = [table.words[i] for i in safe.tolist()]
+
+    # Word segmentation over the whole prompt: word_at[i] is the word holding position i (or -1).
+    words: list[str] = []
+    word_first: list[int] = []
+    word_at = [-1] * len(texts)
+    current = -1
+    for i, text in enumerate(texts):
+        if not alnum[i]:
+            current = -1
+            continue
+        if starts[i] or current < 0:
+            words.append(text)
+            word_first.append(i)
+            current = len(words) - 1
+        else:
+            words[current] += text
+        word_at[i] = current
+
+    content = [i for i, a in enumerate(alnum) if a]
+    window = content[-query_tokens:]
+    if not window:
+        return empty_rows()
+    question = {words[word_at[i]] for i in window if _is_lexical(words[word_at[i]], stopwords)}
+    window_start = window[0]
+    counts = Counter(w for w, first in zip(words, word_first) if first < prefix_len)
+
+    rows: list[int] = []
+    scores: list[float] = []
+
+    def consider(start: int, stop: int) -> None:
+        sentence = {
+            words[word_at[j]]
+            for j in range(start, stop)
+            if word_at[j] >= 0 and word_first[word_at[j]] == j and _is_lexical(words[word_at[j]], stopwords)
+        }
+        shared = len(sentence & question)
+        if shared >= min_shared and any(counts[w] <= max_count for w in sentence):
+            picked = range(start, min(stop, start + rows_per_sentence))
+            rows.extend(picked)
+            scores.extend([float(shared)] * len(picked))
+
+    limit = min(prefix_len, window_start)
+    start = 0
+    for i in range(limit):
+        if breaks[i]:
+            consider(start, i + 1)
+            start = i + 1
+    # The prefix's last sentence may run on into the tail (kept, clipped) but not into the question.
+    if start < limit and window_start >= prefix_len:
+        consider(start, limit)
+    if not rows:
+        return empty_rows()
+    positions = torch.tensor(rows, dtype=torch.int64)
+    return positions[rank_by_score(torch.tensor(scores))]
+
+
+SPEC = SelectorSpec(
+    name="lexical_net",
+    fn=lexical_net,
+    params=(
+        Param("min_shared", "int", "words a sentence must share with the question", default=4, minimum=1, maximum=1000),
+        Param("query_tokens", "int", "last content tokens that form the question", default=64, minimum=1, maximum=1 << 20),
+        Param("max_count", "int", "prefix occurrences at which a word still counts as rare", default=2, minimum=1, maximum=1 << 20),
+        Param("rows_per_sentence", "int", "rows taken from the start of each nominated sentence", default=80, minimum=1, maximum=1 << 20),
+        Param("stopwords", "bool", "ignore common function words", default=True),
+    ),
+    needs_tokens=True,
+    expected_rows=lambda args, n: _TYPICAL_SHARE * n,
+)

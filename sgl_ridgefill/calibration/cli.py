@@ -1,0 +1,141 @@
+"""``sgl-ridgefill calibrate``: fit maps from a model and a corpus; ``calibrate resolve``: re-solve.
+
+    sgl-ridgefill calibrate --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --out DIR
+        [--lambda auto|FLOAT] [--max-tokens N] [--doc-tokens N] [--heldout-docs N] [--quant bf16|int8]
+        [--stats DIR] [--force]
+    sgl-ridgefill calibrate resolve --stats DIR --out DIR --lambda auto|FLOAT [--quant ...] [--force]
+
+User errors print one line and exit 1 (bad input) or 2 (bad usage); no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from .config import CalibrationError
+
+
+def _lambda(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _splits(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers like 12,16, got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``calibrate`` (and ``calibrate resolve``) to the top-level ``sgl-ridgefill`` parser."""
+    parser = subparsers.add_parser(
+        "calibrate", help="fit RidgeFill maps for a model on a text corpus",
+        description="Run the model once over the corpus, keep sufficient statistics, solve the ridge maps, "
+        "and write a maps folder for --ridgefill-maps.",
+    )
+    parser.add_argument("--model", help="Hugging Face model folder, or a name `sgl-ridgefill model fetch` knows")
+    parser.add_argument("--corpus", help="folder of .txt/.jsonl files, or 'builtin' (Debian bible-kjv, python3-doc, the stdlib)")
+    parser.add_argument("--splits", type=_splits, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
+    parser.add_argument("--out", type=pathlib.Path, help="maps folder to write (must not exist unless --force)")
+    _common(parser)
+    parser.add_argument("--max-tokens", type=_positive, default=250_000, help="training tokens to read (default 250000)")
+    parser.add_argument("--doc-tokens", type=_positive, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
+    parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
+    parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="model dtype for the pass")
+    parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
+    parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_calibrate, calibrate_command=None)
+
+    commands = parser.add_subparsers(dest="calibrate_command", metavar="{resolve}")
+    again = commands.add_parser("resolve", help="re-solve saved statistics with another lambda, without reading text")
+    again.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder of an earlier calibrate")
+    again.add_argument("--out", type=pathlib.Path, required=True, help="maps folder to write")
+    again.add_argument("--splits", type=_splits, default=None, help="subset of the splits in the statistics")
+    _common(again, stats=False)
+    again.set_defaults(func=_resolve)
+
+
+def _common(parser: argparse.ArgumentParser, *, stats: bool = True) -> None:
+    parser.add_argument("--lambda", dest="lam", type=_lambda, default=None, metavar="auto|FLOAT",
+                        help="ridge penalty (scale-free); 'auto' chooses it on held-out documents (default)")
+    parser.add_argument("--quant", choices=("bf16", "int8"), default="bf16", help="how A is stored (int8: per-group scales)")
+    parser.add_argument("--group-size", type=int, default=128, help="int8 group size along d_in")
+    if stats:
+        parser.add_argument("--stats", type=pathlib.Path, default=None, help="statistics folder (default: OUT.stats beside OUT)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out; restart mismatched --stats")
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"sgl-ridgefill calibrate: error: {message}", file=sys.stderr)
+    return code
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from .config import CalibrationConfig
+    from .pipeline import calibrate
+
+    missing = [flag for flag, value in (("--model", args.model), ("--corpus", args.corpus), ("--splits", args.splits), ("--out", args.out)) if value is None]
+    if missing:
+        return _fail(f"the following arguments are required: {', '.join(missing)}", 2)
+    try:
+        config = CalibrationConfig(
+            model=args.model, corpus=args.corpus, splits=args.splits, out_dir=args.out, lam=args.lam,
+            max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, min_doc_tokens=args.min_doc_tokens,
+            heldout_docs=args.heldout_docs, quant=args.quant, group_size=args.group_size, stats_dir=args.stats,
+            force=args.force, seed=args.seed, dtype=args.dtype, checkpoint_seconds=args.checkpoint_seconds,
+            progress=not args.no_progress,
+        )
+        result = calibrate(config)
+    except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        stats = args.stats or f"{args.out}.stats"
+        return _fail(f"interrupted; statistics up to the last checkpoint are kept in {stats}; re-run the same command to resume", 130)
+    print(result.out_dir)
+    return 0
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from .pipeline import resolve
+
+    try:
+        result = resolve(args.stats, args.out, args.lam, splits=args.splits, quant=args.quant,
+                         group_size=args.group_size, force=args.force)
+    except ValueError as exc:
+        return _fail(str(exc))
+    print(result.out_dir)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m sgl_ridgefill.calibration.cli ...``) for when the package CLI is absent."""
+    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
+    add_subparser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""One command from a model and a corpus to a maps folder: pass, solve, write.
+
+``calibrate`` runs (or resumes) the statistics pass, solves every split, and writes the maps folder;
+``resolve`` re-solves saved statistics with another ``lambda`` (or quantisation) without reading text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+from sgl_ridgefill.maps import SplitMaps, model_fingerprint, tokenizer_fingerprint, write_maps_folder
+from sgl_ridgefill.maps.format import MapsError
+
+from .config import CalibrationConfig, CalibrationError
+from .solve import SplitFit, fit_split
+from .stats import StatsState, load_stats, stats_exist
+
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(f"[sgl-ridgefill] {message}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+    out_dir: pathlib.Path
+    stats_dir: pathlib.Path
+    fits: dict[int, SplitFit]
+    calibration: dict[str, Any]
+
+
+def peak_memory_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _comparable(run: dict[str, Any]) -> dict[str, Any]:
+    # The model folder may move (e.g. another cache dir); the fingerprints say whether it is the same model.
+    return {k: v for k, v in json.loads(json.dumps(run)).items() if k != "model_dir"}
+
+
+def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int, ...], force: bool, log: Log) -> StatsState:
+    fresh = lambda: StatsState.fresh(run, splits, run["num_layers"], run["d"], run["vocab"])  # noqa: E731
+    if not stats_exist(stats_dir):
+        return fresh()
+    try:
+        state = load_stats(stats_dir)
+    except CalibrationError:
+        if not force:
+            raise
+        log(f"--force: discarding unreadable statistics in {stats_dir}")
+        return fresh()
+    old, new = _comparable(state.run), _comparable(run)
+    if old == new:
+        train = state.progress["train"]
+        log(f"resuming from {stats_dir}: {train['documents']} training documents, {train['tokens']} tokens already read")
+        return state
+    differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if not force:
+        raise CalibrationError(
+            f"--stats {stats_dir} holds statistics of a different calibration (differs in: {', '.join(differing)}); "
+            f"pass --force to discard them, or choose another --stats folder"
+        )
+    log(f"--force: discarding statistics in {stats_dir} (they differ in: {', '.join(differing)})")
+    return fresh()
+
+
+def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationResult:
+    """Run the whole calibration described by ``config`` and write ``config.out_dir``."""
+    from sgl_ridgefill.models import resolve_model
+
+    from .capture import final_norm, load_model, read_config
+    from .corpus import open_corpus
+    from .statpass import check_enough_rows, run_pass
+
+    started = time.perf_counter()
+    out_dir = config.out_dir
+    if out_dir.exists() and not config.force:
+        raise CalibrationError(f"--out {out_dir} already exists (use --force to replace it)")
+    corpus = open_corpus(config.corpus)
+    if len(corpus.documents) < config.heldout_docs + 1:
+        raise CalibrationError(
+            f"--corpus {corpus.name} has {len(corpus.documents)} document(s); --heldout-docs {config.heldout_docs} "
+            f"needs at least {config.heldout_docs + 1} ({config.heldout_docs} held out, the rest to fit)"
+        )
+    model_dir = resolve_model(config.model)
+    hf_config = read_config(model_dir)
+    num_layers = int(hf_config["num_hidden_layers"])
+    config.check_splits(num_layers, f"model {model_dir}")
+    log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {config.dtype}")
+    model, tokenizer, hf_config = load_model(model_dir, config.dtype)
+    d = int(hf_config["hidden_size"])
+    run = {
+        "model": model_fingerprint(hf_config, model.get_input_embeddings().weight, final_norm(model).weight),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "model_dir": str(pathlib.Path(model_dir).resolve()),
+        "corpus": corpus.describe(),
+        "splits": sorted(config.splits),
+        "num_layers": num_layers,
+        "d": d,
+        "vocab": max(int(hf_config["vocab_size"]), len(tokenizer)),
+        "doc_tokens": config.doc_tokens,
+        "min_doc_tokens": config.min_doc_tokens,
+        "heldout_docs": config.heldout_docs,
+        "seed": config.seed,
+        "dtype": config.dtype,
+    }
+    stats_dir = config.resolved_stats_dir
+    state = _open_state(stats_dir, run, tuple(sorted(config.splits)), config.force, log)
+    save = lambda s: s.save(stats_dir)  # noqa: E731
+    timing = run_pass(model, tokenizer, corpus, state, config, save=save, log=log)
+    check_enough_rows(state, corpus.name, config)
+    pass_info = {**timing.as_dict(), "peak_memory_mib": round(peak_memory_mib(), 1)}
+    log(
+        f"pass: {timing.tokens} tokens this run, {pass_info['tokens_per_s']} tok/s; forward {timing.forward_s:.1f} s, "
+        f"accumulation {timing.accumulate_s:.1f} s ({pass_info['accumulate_overhead']:.1%} of forward); "
+        f"peak memory {pass_info['peak_memory_mib']:.0f} MiB"
+    )
+    del model
+    return _solve_and_write(
+        state, stats_dir, out_dir, config.lam, splits=config.splits, quant=config.quant,
+        group_size=config.group_size, force=config.force,
+        extra={"max_tokens": config.max_tokens, "pass": pass_info, "_started": started}, log=log,
+    )
+
+
+def resolve(
+    stats_dir: pathlib.Path,
+    out_dir: pathlib.Path,
+    lam: float | None,
+    *,
+    splits: tuple[int, ...] | None = None,
+    quant: str = "bf16",
+    group_size: int = 128,
+    force: bool = False,
+    log: Log = _stderr,
+) -> CalibrationResult:
+    """Re-solve saved statistics (another ``lam``, ``None`` = choose on held-out) into a new maps folder."""
+    stats_dir, out_dir = pathlib.Path(stats_dir), pathlib.Path(out_dir)
+    if lam is not None and not lam > 0:
+        raise CalibrationError(f"--lambda must be a positive number or 'auto', got {lam!r}")
+    if out_dir.exists() and not force:
+        raise CalibrationError(f"--out {out_dir} already exists (use --force to replace it)")
+    state = load_stats(stats_dir)
+    available = tuple(sorted(state.train))
+    splits = tuple(splits) if splits else available
+    absent = [s for s in splits if s not in state.train]
+    if absent:
+        raise CalibrationError(
+            f"--splits: the statistics in {stats_dir} cover split(s) {', '.join(map(str, available))}, "
+            f"not {', '.join(map(str, absent))}"
+        )
+    if not state.progress["exhausted"] and state.progress["train"]["tokens"] == 0:
+        raise CalibrationError(f"--stats {stats_dir}: the pass read no training tokens yet")
+    return _solve_and_write(state, stats_dir, out_dir, lam, splits=splits, quant=quant, group_size=group_size,
+                            force=force, extra={"_started": time.perf_counter()}, log=log)
+
+
+def _solve_and_write(
+    state: StatsState,
+    stats_dir: pathlib.Path,
+    out_dir: pathlib.Path,
+    lam: float | None,
+    *,
+    splits: tuple[int, ...],
+    quant: str,
+    group_size: int,
+    force: bool,
+    extra: dict[str, Any],
+    log: Log,
+) -> CalibrationResult:
+    progress = state.progress
+    fits: dict[int, SplitFit] = {}
+    maps = []
+    for split in splits:
+        start = time.perf_counter()
+        heldout = state.heldout[split] if state.heldout[split].rows else None
+        fit = fit_split(state.train[split], heldout, lam)
+        fits[split] = fit
+        log(f"split {split}: solved in {time.perf_counter() - start:.1f} s")
+        _log_scores(fit, log)
+        maps.append(SplitMaps(split, fit.A, fit.b, fit.info(state.heldout[split].rows, state.train[split].rows)))
+    started = extra.pop("_started")
+    calibration = {
+        "corpus": {**state.run["corpus"], "read": progress.get("sources", {})},
+        "documents": progress["train"]["documents"],
+        "tokens": progress["train"]["tokens"],
+        "pieces": progress["train"]["pieces"],
+        "longest_document_tokens": max(progress["train"]["longest"], progress["heldout"]["longest"]),
+        "doc_tokens": state.run["doc_tokens"],
+        "min_doc_tokens": state.run["min_doc_tokens"],
+        "heldout_documents": progress["heldout"]["documents"],
+        "heldout_tokens": progress["heldout"]["tokens"],
+        "heldout_ids": progress["heldout_ids"],
+        "skipped_short_documents": len(progress["skipped_short"]),
+        "corpus_exhausted": progress["exhausted"],
+        "seed": state.run["seed"],
+        "dtype": state.run["dtype"],
+        "model_dir": state.run["model_dir"],
+        **{k: v for k, v in extra.items() if v is not None},
+    }
+    try:
+        write_maps_folder(
+            out_dir, maps, model=state.run["model"], tokenizer=state.run["tokenizer"], quant=quant,
+            group_size=group_size, default_split=splits[0], calibration=calibration,
+            token_counts=state.token_counts, stats_dir=stats_dir, force=force,
+        )
+    except MapsError as exc:
+        raise CalibrationError(str(exc)) from None
+    log(f"wrote {out_dir} ({quant}) in {time.perf_counter() - started:.1f} s since start; statistics kept in {stats_dir}")
+    return CalibrationResult(out_dir, stats_dir, fits, calibration)
+
+
+def _log_scores(fit: SplitFit, log: Log) -> None:
+    how = "chosen on held-out documents" if fit.lam_chosen_on_heldout else "given"
+    log(f"  lambda {fit.lam:g} ({how}), alpha {fit.alpha:.4g}")
+    if fit.r2 is None:
+        log("  no held-out documents: no scores")
+        return
+    log("  layer   R2 ridge   R2 identity")
+    for offset, (r2, r2i) in enumerate(zip(fit.r2, fit.r2_identity or [float("nan")] * len(fit.r2))):
+        log(f"  {fit.split + offset:5d}   {r2:8.4f}   {r2i:11.4f}")
+    mean_i = sum(fit.r2_identity) / len(fit.r2_identity) if fit.r2_identity else float("nan")
+    log(f"   mean   {sum(fit.r2) / len(fit.r2):8.4f}   {mean_i:11.4f}")

@@ -1,0 +1,124 @@
+"""``ridgefill_cpu``: a CPU attention backend whose extend costs new rows x context.
+
+SGLang 0.5.23's ``torch_native`` extend (``_run_sdpa_forward_extend``) builds a query as long as the whole
+sequence and runs full causal attention over it, so extending 1,024 rows over an 8K cached prefix costs
+as much attention as the whole 8K prefill, and chunked prefill grows cubically with the prompt. This
+backend keeps torch_native's KV writes, decode path and pool layout, and replaces the extend with
+attention of the new rows only, in query blocks, each block over the keys up to its last position.
+
+It also serves RidgeFill's sub-passes (``sgl_ridgefill.runtime.attention_scope``): the causal mask comes
+from ``forward_batch.positions``, so the query rows may be any positions of the request, and an optional
+visible-key mask hides keys from the upper layers. For a stock extend (rows ``prefix .. prefix+n-1``) the
+result is the same attention torch_native computes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from ..runtime.attention_scope import current_scope
+
+BACKEND_NAME = "ridgefill_cpu"
+# Query rows per SDPA call: bounds the [heads, rows, keys] score block (torch's CPU kernel tiles further).
+QUERY_BLOCK = 512
+
+
+class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
+    ridgefill_row_queries = True
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        if (
+            layer.is_cross_attention
+            or layer.attn_type == AttentionType.ENCODER_ONLY
+            or forward_batch.encoder_lens is not None
+            or (layer.sliding_window_size is not None and layer.sliding_window_size > -1)
+            or forward_batch.positions is None
+            or forward_batch.positions.dim() != 1
+        ):
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer,
+                KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical),
+                k,
+                v,
+            )
+        o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+        q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        req_to_token = self.req_to_token_pool.req_to_token
+        scope = current_scope()
+        visible = scope.visible_keys if scope is not None else None
+        if visible is not None and forward_batch.batch_size != 1:
+            raise RuntimeError("a visible-key mask applies to single-request sub-passes only")
+        seq_lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.cpu()
+        extend_lens = forward_batch.extend_seq_lens_cpu
+        start = 0
+        for i in range(forward_batch.batch_size):
+            n = int(extend_lens[i])
+            if n == 0:
+                continue
+            seq_len = int(seq_lens[i])
+            slots = req_to_token[forward_batch.req_pool_indices[i], :seq_len]
+            self._attend_rows(
+                q_[start : start + n],
+                o_[start : start + n],
+                k_cache,
+                v_cache,
+                slots,
+                forward_batch.positions[start : start + n],
+                visible,
+                layer,
+            )
+            start += n
+        return o
+
+    @staticmethod
+    def _attend_rows(q, out, k_cache, v_cache, slots, positions, visible, layer) -> None:
+        """``q``/``out``: ``[n, heads, d]``; ``slots``: ``[seq_len]`` KV slots of the request's context;
+        ``positions``: ``[n]`` query positions (ascending); ``visible``: ``[seq_len]`` bool or None."""
+        gqa = layer.tp_q_head_num != layer.tp_k_head_num
+        pos_cpu = positions.tolist()
+        n = q.shape[0]
+        for lo in range(0, n, QUERY_BLOCK):
+            hi = min(n, lo + QUERY_BLOCK)
+            kv_len = int(max(pos_cpu[lo:hi])) + 1
+            keys = k_cache[slots[:kv_len]]
+            values = v_cache[slots[:kv_len]]
+            qb = q[lo:hi]
+            if keys.dtype != qb.dtype:
+                keys, values = keys.to(qb.dtype), values.to(qb.dtype)
+            contiguous = pos_cpu[hi - 1] - pos_cpu[lo] == hi - lo - 1 and pos_cpu[hi - 1] == kv_len - 1
+            mask = None
+            if visible is not None or not contiguous:
+                key_pos = torch.arange(kv_len, device=q.device)
+                mask = key_pos.unsqueeze(0) <= positions[lo:hi].unsqueeze(1)
+                if visible is not None:
+                    mask &= visible[:kv_len].unsqueeze(0)
+                mask = mask.unsqueeze(0)
+            elif hi - lo != kv_len:
+                # Contiguous rows at the end of the context: causal with the diagonal offset by the prefix.
+                prefix = kv_len - (hi - lo)
+                mask = torch.ones((hi - lo, kv_len), dtype=torch.bool, device=q.device).tril_(prefix).unsqueeze(0)
+            res = scaled_dot_product_attention(
+                qb.movedim(0, 1).unsqueeze(0),
+                keys.movedim(0, 1).unsqueeze(0),
+                values.movedim(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=layer.scaling,
+                enable_gqa=gqa,
+            )
+            out[lo:hi] = res.squeeze(0).movedim(1, 0)
+
+
+def create_backend(runner):
+    return RidgeFillCpuAttnBackend(runner)

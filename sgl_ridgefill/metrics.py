@@ -1,0 +1,43 @@
+"""Per-request RidgeFill counters: a debug log line (runtime.py) and Prometheus metrics.
+
+The metrics live in the scheduler process; with SGLang's ``--enable-metrics`` its Prometheus multiprocess
+directory collects them beside SGLang's own. Without ``prometheus_client`` they are skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runtime.plan import RequestState
+
+
+@functools.lru_cache(maxsize=1)
+def _counters():
+    try:
+        from prometheus_client import Counter, Histogram
+    except ImportError:  # pragma: no cover - prometheus_client ships with SGLang
+        return None
+    return {
+        "requests": Counter("ridgefill_requests", "Requests prefilled by RidgeFill", ["arm"]),
+        "filled": Counter("ridgefill_filled_rows", "Prefix rows whose upper layers were filled", ["arm"]),
+        "exact": Counter("ridgefill_exact_rows", "Prefix rows selected to run every layer exactly", ["arm"]),
+        "tail": Counter("ridgefill_tail_rows", "Tail rows (always exact)", ["arm"]),
+        "saved": Histogram(
+            "ridgefill_compute_saved_fraction", "Estimated share of layer-passes skipped per request", ["arm"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+        ),
+    }
+
+
+def record_request(st: RequestState) -> None:
+    counters = _counters()
+    if counters is None:
+        return
+    arm, s = st.plan.arm, st.stats
+    counters["requests"].labels(arm).inc()
+    counters["filled"].labels(arm).inc(s["filled"])
+    counters["exact"].labels(arm).inc(s["exact"])
+    counters["tail"].labels(arm).inc(s["tail"])
+    counters["saved"].labels(arm).observe(s["saved_fraction"])

@@ -1,0 +1,50 @@
+"""Per-forward attention constraints that the runtime hands to a RidgeFill-aware attention backend.
+
+Two things a stock extend cannot express, set for the duration of one sub-pass with a context manager
+(never a global that an exception could leave stale):
+
+- *row queries*: the query rows of an extend are arbitrary positions of one request (exact rows scattered
+  through the prefix, plus the tail), not the last ``extend_seq_len`` rows; a backend that supports them
+  masks causally by ``forward_batch.positions`` instead of by row order;
+- *visible keys*: a boolean mask over the request's context ``[seq_len]``; keys outside it receive no
+  attention (the ``nofill`` arm, where upper layers hold nothing for filled rows, and the probe, which runs
+  before the rest of the tail exists in the upper layers).
+
+A backend advertises support with the class attribute ``ridgefill_row_queries = True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionScope:
+    """``visible_keys``: ``[seq_len]`` bool for the single request of the sub-pass, or ``None`` (all visible)."""
+
+    visible_keys: torch.Tensor | None = None
+
+
+_SCOPE: contextvars.ContextVar[AttentionScope | None] = contextvars.ContextVar("ridgefill_attention_scope", default=None)
+
+
+@contextlib.contextmanager
+def attention_scope(scope: AttentionScope) -> Iterator[None]:
+    token = _SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def current_scope() -> AttentionScope | None:
+    return _SCOPE.get()
+
+
+def backend_supports_row_queries(backend: object) -> bool:
+    return bool(getattr(type(backend), "ridgefill_row_queries", False))

@@ -1,0 +1,77 @@
+"""Fixtures for tests that start real SGLang engines on CPU: tiny random checkpoints and maps folders."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from tests.support.models import make_tiny_checkpoint
+from tests.support.reference import Reference
+
+SPLIT = 2
+NUM_LAYERS = 4
+
+
+def random_maps(hf_model, split: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Maps near the identity with enough noise that RidgeFill and identity fill differ."""
+    d = hf_model.config.hidden_size
+    n_upper = hf_model.config.num_hidden_layers - split
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.eye(d).expand(n_upper, d, d) + 0.05 * torch.randn(n_upper, d, d, generator=gen)
+    b = 0.02 * torch.randn(n_upper, d, generator=gen)
+    return a.contiguous(), b
+
+
+@functools.lru_cache(maxsize=None)
+def _load_hf(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+class TinyModel:
+    """A random checkpoint, its HF twin, the reference oracle and a maps folder at ``SPLIT``."""
+
+    def __init__(self, root, family: str):
+        from sgl_ridgefill.maps import SplitMaps, model_fingerprint, write_maps_folder
+
+        self.family = family
+        self.path = make_tiny_checkpoint(root / family, family=family, num_layers=NUM_LAYERS)
+        self.hf = _load_hf(str(self.path))
+        self.ref = Reference(self.hf)
+        # Maps stored in float32-exact form: bf16 storage would round them, so the reference reads them back.
+        a, b = random_maps(self.hf, SPLIT)
+        fingerprint = model_fingerprint(self.hf.config.to_dict(), self.hf.model.embed_tokens.weight, self.hf.model.norm.weight)
+        self.maps_dir = write_maps_folder(root / f"{family}-maps", [SplitMaps(SPLIT, a, b, {"lambda": None})], model=fingerprint)
+        from sgl_ridgefill.maps import load_maps
+
+        a_stored, b_stored = load_maps(self.maps_dir).load_split(SPLIT, dtype=torch.float32)
+        self.maps = (a_stored, b_stored)
+
+    def expected_top(self, ids, k: int = 3, **kw) -> list[tuple[float, int]]:
+        logits = self.ref.last_logits(ids, maps=self.maps, **kw)
+        top = logits.log_softmax(-1).topk(k)
+        return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    cache: dict[str, TinyModel] = {}
+
+    def get(family: str) -> TinyModel:
+        if family not in cache:
+            cache[family] = TinyModel(root, family)
+        return cache[family]
+
+    return get
+
+
+def assert_top_close(got: dict, expected: list[tuple[float, int]], atol: float = 2e-3) -> None:
+    assert "error" not in got, got.get("error")
+    got_top = got["top"]
+    assert [t for _, t in got_top] == [t for _, t in expected], (got_top, expected)
+    for (lp_got, _), (lp_exp, _) in zip(got_top, expected):
+        assert abs(lp_got - lp_exp) <= atol, (got_top, expected)

@@ -1,0 +1,111 @@
+"""An independent RidgeFill oracle in plain PyTorch over a Hugging Face model (no SGLang involved).
+
+It recomputes, for one prompt, what the SGLang runtime must produce: exact lower layers for every row;
+for the upper layers, K/V of filled rows from the arm's prediction; exact rows and the tail run every layer
+together, layer by layer, attending causally by position; optional value rescale. Rows below ``start``
+stand for a radix-cache hit: exact in every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x, cos, sin):
+    """``x``: [rows, heads, d]; ``cos``/``sin``: [rows, d]."""
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+class Reference:
+    def __init__(self, hf_model):
+        self.m = hf_model.eval()
+        cfg = hf_model.config
+        self.cfg = cfg
+        self.layers = hf_model.model.layers
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def _qkv(self, layer_id, x_in, pos):
+        layer = self.layers[layer_id]
+        attn = layer.self_attn
+        h = layer.input_layernorm(x_in)
+        rows = h.shape[0]
+        q = attn.q_proj(h).view(rows, self.n_heads, self.head_dim)
+        k = attn.k_proj(h).view(rows, self.n_kv, self.head_dim)
+        v = attn.v_proj(h).view(rows, self.n_kv, self.head_dim)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = self.m.model.rotary_emb(h[None], pos[None])
+        return _rope(q, cos[0], sin[0]), _rope(k, cos[0], sin[0]), v
+
+    @torch.no_grad()
+    def last_logits(
+        self,
+        ids: list[int],
+        *,
+        split: int,
+        tail: int,
+        arm: str = "ridgefill",
+        maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+        exact_rows: list[int] = (),
+        start: int = 0,
+        value_rescale: int | None = None,
+    ) -> torch.Tensor:
+        """Logits of the next token after ``ids`` ([vocab] float32)."""
+        m = self.m
+        ids_t = torch.tensor(ids)[None]
+        n = len(ids)
+        boundary = max(n - tail, 0)
+        if arm == "exact" or boundary <= start or split >= len(self.layers):
+            return m(ids_t).logits[0, -1].float()
+        hs = m(ids_t, output_hidden_states=True).hidden_states
+        x_split = hs[split][0]
+        pos = torch.arange(n)
+        exact = sorted(set(exact_rows) | set(range(start, start)))
+        rows = torch.tensor(sorted(set(exact) | set(range(boundary, n))), dtype=torch.long)
+        filled = torch.tensor([j for j in range(start, boundary) if j not in set(exact)], dtype=torch.long)
+        cached = torch.arange(0, start)
+        x = x_split[rows].clone()
+        for layer_id in range(split, len(self.layers)):
+            j = layer_id - split
+            layer = self.layers[layer_id]
+            k_all = torch.zeros(n, self.n_kv, self.head_dim)
+            v_all = torch.zeros(n, self.n_kv, self.head_dim)
+            visible = torch.zeros(n, dtype=torch.bool)
+            if cached.numel():
+                _, kc, vc = self._qkv(layer_id, hs[layer_id][0][cached], pos[cached])
+                k_all[cached], v_all[cached] = kc, vc
+                visible[cached] = True
+            if filled.numel() and arm != "nofill":
+                x_hat = x_split[filled] if arm == "identity" else x_split[filled] @ maps[0][j].T + maps[1][j]
+                _, kf, vf = self._qkv(layer_id, x_hat, pos[filled])
+                if value_rescale:
+                    c = min(value_rescale, n - boundary)
+                    tail_in = x[len(rows) - (n - boundary) :][:c]
+                    tail_split = x_split[boundary : boundary + c]
+                    tail_hat = tail_split if arm == "identity" else tail_split @ maps[0][j].T + maps[1][j]
+                    _, _, v_ex = self._qkv(layer_id, tail_in, pos[boundary : boundary + c])
+                    _, _, v_pr = self._qkv(layer_id, tail_hat, pos[boundary : boundary + c])
+                    scale = (v_ex.norm(dim=-1) / v_pr.norm(dim=-1)).mean(0)
+                    vf = vf * scale[None, :, None]
+                k_all[filled], v_all[filled] = kf, vf
+                visible[filled] = True
+            q, k, v = self._qkv(layer_id, x, pos[rows])
+            k_all[rows], v_all[rows] = k, v
+            visible[rows] = True
+            group = self.n_heads // self.n_kv
+            kk = k_all.repeat_interleave(group, dim=1)
+            vv = v_all.repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q, kk) * self.head_dim**-0.5
+            mask = (pos[None, :] <= pos[rows][:, None]) & visible[None, :]
+            scores = scores.masked_fill(~mask[None], float("-inf"))
+            out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv).reshape(len(rows), -1)
+            x = x + layer.self_attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return m.lm_head(m.model.norm(x[-1:]))[0].float()
