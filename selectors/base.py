@@ -124,7 +124,8 @@ class SelectionInputs:
             raise ValueError(
                 f"SelectionInputs.token_counts must be 1-D [vocab], got shape {tuple(self.token_counts.shape)}"
             )
-        object.__setattr__(self, "token_ids", ids.to(torch.int64))
+        # Selection is bookkeeping over a few thousand rows: it runs on the CPU whatever the model's device.
+        object.__setattr__(self, "token_ids", ids.detach().to("cpu", torch.int64))
 
     @property
     def prefix_ids(self) -> torch.Tensor:
@@ -139,7 +140,7 @@ class SelectionInputs:
     def require_token_counts(self, selector: str) -> torch.Tensor:
         if self.token_counts is None:
             raise SelectionError(f"{selector}() needs SelectionInputs.token_counts (unigram counts from the maps folder)")
-        return self.token_counts
+        return self.token_counts.detach().cpu()
 
     def statistic(self, requirement: Requirement, selector: str) -> torch.Tensor:
         """The runtime's statistic for ``requirement``: [prefix_len] float32."""
@@ -155,4 +156,4 @@ class SelectionInputs:
                 f"{selector}(): the statistic for {requirement!r} has shape {tuple(stat.shape)}, "
                 f"expected [{self.prefix_len}] (the prefix length)"
             )
-        return stat
+        return stat.detach().to("cpu", torch.float32)

@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 
 from .base import SelectionInputs
-from .rows import empty_rows, rank_by_score
+from .rows import empty_rows, pick, rank_by_score
 from .spec import Param, SelectorSpec
 
 # Function words never count as shared or rare: with them nearly every sentence shares four words
@@ -63,8 +63,9 @@ def lexical_net(
         return empty_rows()
     inside = ids < len(table)
     safe = ids.clamp(0, len(table) - 1)
-    alnum = (table.has_alnum[safe] & inside & ~table.special_mask(ids)).tolist()
-    breaks = ((table.ends_sentence[safe] & inside) | table.special_mask(ids)).tolist()
+    special = table.special_mask(ids)
+    alnum = (table.has_alnum.index_select(0, safe) & inside & ~special).tolist()
+    breaks = ((table.ends_sentence.index_select(0, safe) & inside) | special).tolist()
     starts = table.word_starts(ids).tolist()
     texts = [table.words[i] for i in safe.tolist()]
 
@@ -89,38 +90,43 @@ def lexical_net(
     window = content[-query_tokens:]
     if not window:
         return empty_rows()
-    question = {words[word_at[i]] for i in window if _is_lexical(words[word_at[i]], stopwords)}
+    lexical = [_is_lexical(w, stopwords) for w in words]
+    question = {words[word_at[i]] for i in window if lexical[word_at[i]]}
     window_start = window[0]
     counts = Counter(w for w, first in zip(words, word_first) if first < prefix_len)
 
-    rows: list[int] = []
-    scores: list[float] = []
-
-    def consider(start: int, stop: int) -> None:
-        sentence = {
-            words[word_at[j]]
-            for j in range(start, stop)
-            if word_at[j] >= 0 and word_first[word_at[j]] == j and _is_lexical(words[word_at[j]], stopwords)
-        }
-        shared = len(sentence & question)
-        if shared >= min_shared and any(counts[w] <= max_count for w in sentence):
-            picked = range(start, min(stop, start + rows_per_sentence))
-            rows.extend(picked)
-            scores.extend([float(shared)] * len(picked))
-
+    # Sentences [start, stop) in order; words are in order of their first position, so one cursor
+    # walks both.
     limit = min(prefix_len, window_start)
+    bounds = []
     start = 0
     for i in range(limit):
         if breaks[i]:
-            consider(start, i + 1)
+            bounds.append((start, i + 1))
             start = i + 1
     # The prefix's last sentence may run on into the tail (kept, clipped) but not into the question.
     if start < limit and window_start >= prefix_len:
-        consider(start, limit)
+        bounds.append((start, limit))
+
+    rows: list[int] = []
+    scores: list[float] = []
+    w = 0
+    for start, stop in bounds:
+        while w < len(words) and word_first[w] < start:
+            w += 1
+        sentence = set()
+        while w < len(words) and word_first[w] < stop:
+            if lexical[w]:
+                sentence.add(words[w])
+            w += 1
+        shared = len(sentence & question)
+        if shared >= min_shared and any(counts[x] <= max_count for x in sentence):
+            picked = range(start, min(stop, start + rows_per_sentence))
+            rows.extend(picked)
+            scores.extend([float(shared)] * len(picked))
     if not rows:
         return empty_rows()
-    positions = torch.tensor(rows, dtype=torch.int64)
-    return positions[rank_by_score(torch.tensor(scores))]
+    return pick(torch.tensor(rows, dtype=torch.int64), rank_by_score(torch.tensor(scores)))
 
 
 SPEC = SelectorSpec(

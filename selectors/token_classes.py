@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .base import SelectionInputs
-from .rows import empty_rows, rank_ascending, rows_where, share_count
+from .rows import empty_rows, pick, rank_ascending, rows_where, share_count, sorted_rows
 from .spec import Param, SelectorSpec
 from .tokens import CASE_LOWER, CASE_MIXED, CASE_UPPER
 
@@ -24,14 +24,13 @@ def token_classes(inputs: SelectionInputs) -> torch.Tensor:
     table = inputs.require_tokens("protected_classes")
     ids = inputs.prefix_ids
     # Special tokens ("<|im_start|>") look like mixed tokens but are never content.
-    case = torch.where(table.special_mask(ids), torch.zeros_like(table.case_of(ids)), table.case_of(ids))
+    case = table.case_of(ids).masked_fill(table.special_mask(ids), 0)
     start = table.word_starts(ids)
     cls = torch.full(ids.shape, NO_CLASS, dtype=torch.int64)
-    cls[(case == CASE_UPPER) & start] = UPPER_START
-    cls[(case == CASE_UPPER) & ~start] = UPPER_PIECE
-    cls[(case == CASE_LOWER) & ~start] = LOWER_PIECE
-    cls[case == CASE_MIXED] = MIXED
-    return cls
+    cls = cls.masked_fill((case == CASE_UPPER) & start, UPPER_START)
+    cls = cls.masked_fill((case == CASE_UPPER) & ~start, UPPER_PIECE)
+    cls = cls.masked_fill((case == CASE_LOWER) & ~start, LOWER_PIECE)
+    return cls.masked_fill(case == CASE_MIXED, MIXED)
 
 
 def protected_classes(inputs: SelectionInputs, *, share: float) -> torch.Tensor:
@@ -46,18 +45,21 @@ def protected_classes(inputs: SelectionInputs, *, share: float) -> torch.Tensor:
     counts = inputs.require_token_counts("protected_classes")
     cls = token_classes(inputs)
     ids = inputs.prefix_ids
-    inside = ids < counts.numel()
-    freq = torch.where(inside, counts.to(torch.float64)[ids.clamp(0, max(counts.numel() - 1, 0))], 0.0) + 1.0
+    if counts.numel() == 0:
+        freq = torch.ones(ids.shape, dtype=torch.float64)
+    else:
+        seen = counts.index_select(0, ids.clamp(0, counts.numel() - 1)).to(torch.float64)
+        freq = seen.masked_fill(ids >= counts.numel(), 0.0) + 1.0
     picked = []
     for c in (UPPER_START, UPPER_PIECE, LOWER_PIECE, MIXED):
         members = rows_where(cls == c)
         k = share_count(share, members.numel())
         if k:
-            picked.append(members[rank_ascending(freq[members])[:k]])
+            picked.append(pick(members, rank_ascending(pick(freq, members))[:k]))
     if not picked:
         return empty_rows()
-    rows = torch.sort(torch.cat(picked)).values
-    return rows[rank_ascending(freq[rows])]
+    rows = sorted_rows(torch.cat(picked))
+    return pick(rows, rank_ascending(pick(freq, rows)))
 
 
 def digits(inputs: SelectionInputs) -> torch.Tensor:

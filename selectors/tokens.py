@@ -71,7 +71,7 @@ class TokenTable:
     starts_word: [V] bool, the token carries a word-start marker.
     special_ids: ids of special tokens (BOS, chat-template markers, ...).
     Derived on construction: ``case`` [V] int8 (``CASE_*``), ``is_digit``, ``has_alnum``, ``ends_alnum``,
-    ``ends_sentence`` (all [V] bool) and ``words`` (per id, lowercase alphanumeric text).
+    ``ends_sentence``, ``is_special`` (all [V] bool) and ``words`` (per id, lowercase alphanumeric text).
     """
 
     pieces: tuple[str, ...]
@@ -82,6 +82,7 @@ class TokenTable:
     has_alnum: torch.Tensor = dataclasses.field(init=False, repr=False)
     ends_alnum: torch.Tensor = dataclasses.field(init=False, repr=False)
     ends_sentence: torch.Tensor = dataclasses.field(init=False, repr=False)
+    is_special: torch.Tensor = dataclasses.field(init=False, repr=False)
     words: tuple[str, ...] = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +106,9 @@ class TokenTable:
         set_("has_alnum", torch.tensor([any(ch.isalnum() for ch in c) for c in cores], dtype=torch.bool))
         set_("ends_alnum", torch.tensor([bool(p) and p[-1].isalnum() for p in pieces], dtype=torch.bool))
         set_("ends_sentence", torch.tensor([_ends_sentence(p) for p in pieces], dtype=torch.bool))
+        is_special = torch.zeros(len(pieces), dtype=torch.bool)
+        is_special[sorted(special)] = True
+        set_("is_special", is_special)
         set_("words", tuple(_word_text(c) for c in cores))
 
     def __len__(self) -> int:
@@ -158,9 +162,13 @@ class TokenTable:
     def _gather(self, fact: torch.Tensor, ids: torch.Tensor, fill) -> torch.Tensor:
         """fact[ids] with ``fill`` for ids outside the table (model vocabularies pad past the tokenizer)."""
         ids = ids.to(torch.int64)
+        if not len(self):
+            return torch.full(ids.shape, fill, dtype=fact.dtype)
         inside = (ids >= 0) & (ids < len(self))
-        out = fact[ids.clamp(0, max(len(self) - 1, 0))] if len(self) else torch.zeros_like(ids, dtype=fact.dtype)
-        return torch.where(inside, out, torch.full_like(out, fill))
+        # index_select, not fact[ids]: the advanced-indexing gather is parallelised and crawls on a
+        # loaded host (7.5 ms against 8 us for 8K ids over a 150K vocabulary).
+        out = fact.index_select(0, ids.clamp(0, len(self) - 1))
+        return out.masked_fill(~inside, fill)
 
     def case_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Case class per position: [n] int8 (``CASE_*``)."""
@@ -172,10 +180,7 @@ class TokenTable:
 
     def special_mask(self, ids: torch.Tensor) -> torch.Tensor:
         """[n] bool: the token is a special token."""
-        if not self.special_ids:
-            return torch.zeros(ids.shape, dtype=torch.bool)
-        special = torch.tensor(sorted(self.special_ids), dtype=torch.int64)
-        return torch.isin(ids.to(torch.int64), special)
+        return self._gather(self.is_special, ids, False)
 
     def word_starts(self, ids: torch.Tensor) -> torch.Tensor:
         """[n] bool: position starts a word (marker, first position, or after a non-alphanumeric token)."""

@@ -14,8 +14,6 @@ import argparse
 import pathlib
 import sys
 
-from .config import CalibrationError
-
 
 def _lambda(text: str) -> float | None:
     if text == "auto":

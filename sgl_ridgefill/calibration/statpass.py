@@ -174,6 +174,12 @@ def run_pass(
             maybe_save()
     progress["exhausted"] = not budget_hit
     save(state)
+    skipped = len(progress["skipped_short"])
+    log(
+        f"read {train['documents']} training documents ({train['tokens']} tokens) and {progress['heldout']['documents']} "
+        f"held-out documents; {skipped} shorter than --min-doc-tokens {config.min_doc_tokens} skipped"
+        + ("; the corpus ran out before --max-tokens" if progress["exhausted"] else "")
+    )
     return timing
 
 

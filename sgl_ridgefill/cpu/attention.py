@@ -21,7 +21,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from ..runtime.attention_scope import current_scope
+from ..runtime.attention_scope import current_scope, hidden_rows
 
 BACKEND_NAME = "ridgefill_cpu"
 # Query rows per SDPA call: bounds the [heads, rows, keys] score block (torch's CPU kernel tiles further).
@@ -79,6 +79,35 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
                 layer,
             )
             start += n
+        return o
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        rids = forward_batch.rids or ()
+        hidden = [hidden_rows(rid, layer.layer_id) for rid in rids]
+        if all(h is None for h in hidden) or layer.is_cross_attention or forward_batch.encoder_lens is not None:
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        # A nofill request: its filled rows hold nothing in the upper layers, so its decode queries skip them.
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer,
+                KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical),
+                k,
+                v,
+            )
+        q_ = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q_.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+        o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        seq_lens = forward_batch.seq_lens.tolist()
+        for i, seq_len in enumerate(seq_lens):
+            slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices[i], :seq_len]
+            visible = None
+            if hidden[i] is not None:
+                visible = torch.ones(seq_len, dtype=torch.bool, device=q.device)
+                visible[: hidden[i].numel()] &= ~hidden[i].to(q.device)
+            pos = torch.tensor([seq_len - 1], device=q.device)
+            self._attend_rows(q_[i : i + 1], o_[i : i + 1], k_cache, v_cache, slots, pos, visible, layer)
         return o
 
     @staticmethod

@@ -258,6 +258,8 @@ def _syntax_error(err: UnexpectedInput, text: str, filename: str) -> PolicyError
             hint = did_you_mean(word.group(), _keyword_names(set(err.allowed or ())))
             span = _offset_span(text, pos, pos + len(word.group()), filename)
             message = f"unexpected name {word.group()!r}" + (hint or _expected_text(set(err.allowed or ())))
+        elif text[pos] == '"':
+            message = 'string is not closed on this line, or holds an escape other than \\" and \\\\'
         else:
             message = f"unexpected character {text[pos]!r}" + _expected_text(set(err.allowed or ()))
     else:

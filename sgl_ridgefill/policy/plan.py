@@ -26,6 +26,8 @@ from sgl_ridgefill.selectors.rows import (
     difference_rows,
     empty_rows,
     intersect_rows,
+    pick,
+    rows_where,
     share_count,
     sorted_rows,
     top_rows,
@@ -50,9 +52,9 @@ class SelectorNode:
 
     def rows(self, ev: _Evaluation) -> torch.Tensor:
         if self.selector not in ev.memo:
-            ranked = self.selector(ev.inputs).to(torch.int64).flatten()
+            ranked = self.selector(ev.inputs).detach().to("cpu", torch.int64).flatten()
             inside = (ranked >= 0) & (ranked < ev.inputs.prefix_len)
-            ev.memo[self.selector] = ranked if bool(inside.all()) else ranked[inside]
+            ev.memo[self.selector] = ranked if bool(inside.all()) else pick(ranked, rows_where(inside))
         return ev.memo[self.selector]
 
     def expected(self, prefix_len: int) -> float:

@@ -46,5 +46,28 @@ def current_scope() -> AttentionScope | None:
     return _SCOPE.get()
 
 
+# Decode steps of nofill requests: rid -> (first upper layer, [rows] bool mask of keys that hold nothing).
+# Written when such a request's prefill completes, removed when the request releases its KV.
+_HIDDEN_ROWS: dict[str, tuple[int, torch.Tensor]] = {}
+
+
+def hide_rows(rid: str, first_layer: int, hidden: torch.Tensor) -> None:
+    _HIDDEN_ROWS[rid] = (first_layer, hidden)
+
+
+def forget_rows(rid: str) -> None:
+    _HIDDEN_ROWS.pop(rid, None)
+
+
+def hidden_rows(rid: str | None, layer_id: int) -> torch.Tensor | None:
+    """Keys (``[rows]`` bool, True = hidden) a decode step of ``rid`` must not see in layer ``layer_id``."""
+    if not _HIDDEN_ROWS or rid is None:
+        return None
+    entry = _HIDDEN_ROWS.get(rid)
+    if entry is None or layer_id < entry[0]:
+        return None
+    return entry[1]
+
+
 def backend_supports_row_queries(backend: object) -> bool:
     return bool(getattr(type(backend), "ridgefill_row_queries", False))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import passes, selection
+from . import attention_scope, passes, selection
 from .subbatch import rows_subbatch
 
 if TYPE_CHECKING:
@@ -103,6 +103,9 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
         exact=int(exact.numel()), tail=big_n - boundary,
         saved_fraction=(1 - split / num_layers) * (n_new_prefix - int(exact.numel())) / max(big_n - st.start, 1),
     )
+    if plan.arm == "nofill":
+        hidden_keys = ~visible[:boundary].cpu()
+        attention_scope.hide_rows(fb.rids[i], split, hidden_keys)
     st.prefill_done = True
     st.tail_x = st.prefix_x = None
     st.queries.clear()

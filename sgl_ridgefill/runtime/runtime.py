@@ -144,6 +144,9 @@ class RidgeFillRuntime:
         return self._states.get(rid)
 
     def release(self, rid: str) -> RequestState | None:
+        from .attention_scope import forget_rows
+
+        forget_rows(rid)
         with self._lock:
             return self._states.pop(rid, None)
 

@@ -27,10 +27,11 @@ def _scenario():
     p = prompt(10, 100)
     pq = p + prompt(11, 60)
     r = prompt(12, N)
+    x = prompt(13, N)
     cases = [
-        ("ridgefill", request(a), dict(ids=a)),
+        ("ridgefill", request(a, max_new_tokens=3), dict(ids=a)),
         ("identity", request(b, {"arm": "identity"}), dict(ids=b, arm="identity")),
-        ("nofill", request(c, {"arm": "nofill"}), dict(ids=c, arm="nofill")),
+        ("nofill", request(c, {"arm": "nofill"}, max_new_tokens=3), dict(ids=c, arm="nofill")),
         ("exact_rows", request(d, {"exact_every": 7}), dict(ids=d, exact_rows=every_kth_row(7, 0, N - TAIL).tolist())),
         ("value_rescale", request(e, {"value_rescale": 8}), dict(ids=e, value_rescale=8)),
         ("long_tail", request(f, {"tail": 60}), dict(ids=f, tail=60)),
@@ -43,6 +44,8 @@ def _scenario():
         ("random_rows", request(r, {"exact_every": 7, "control": "random", "seed": 3}),
          dict(ids=r, exact_rows=random_rows(len(every_kth_row(7, 0, N - TAIL)), 0, N - TAIL, 3).tolist())),
         ("repeat", request(a), dict(ids=a)),
+        ("no_insert_rf", request(x), dict(ids=x)),
+        ("no_insert_exact", request(x, {"enabled": False}), dict(ids=x, arm="exact")),
     ]
     return cases
 
@@ -71,7 +74,7 @@ def engine_run(request, tiny_models):
 
 
 CASES = ["ridgefill", "identity", "nofill", "exact_rows", "value_rescale", "long_tail", "batch[0]", "batch[1]",
-         "batch[2]", "short_prompt", "cache_seed", "random_rows", "repeat"]
+         "batch[2]", "short_prompt", "cache_seed", "random_rows", "repeat", "no_insert_rf", "no_insert_exact"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -82,6 +85,19 @@ def test_matches_reference(engine_run, case):
     ids = kw.pop("ids")
     kw.setdefault("tail", TAIL)
     assert_top_close(got, model.expected_top(ids, split=SPLIT, **kw))
+
+
+@pytest.mark.parametrize("case", ["ridgefill", "nofill"])
+def test_decode_reads_the_filled_cache(engine_run, case):
+    """Decode steps run the full model over the filled cache (nofill: without the filled rows)."""
+    model, by_name = engine_run
+    expect, got = by_name[case]
+    ids = list(expect["ids"])
+    kw = {k: v for k, v in expect.items() if k != "ids"}
+    for step in (1, 2):
+        ids.append(got["output_ids"][step - 1])
+        exp = model.expected_top(ids, split=SPLIT, tail=TAIL + step, **kw)
+        assert_top_close({"top": got["tops"][step]}, exp)
 
 
 def test_radix_hit_reuses_exact_prefix(engine_run):
@@ -100,6 +116,14 @@ def test_ridgefill_differs_from_exact_and_identity(engine_run):
     identity = model.expected_top(ids, split=SPLIT, tail=TAIL, arm="identity")
     assert abs(got["top"][0][0] - exact[0][0]) > 1e-3
     assert abs(got["top"][0][0] - identity[0][0]) > 1e-3
+
+
+def test_filled_kv_never_reaches_an_exact_request(engine_run):
+    """Default cache mode: a RidgeFill request inserts nothing, so the exact request after it on the same
+    prompt finds no cached rows and computes everything itself."""
+    _, by_name = engine_run
+    assert by_name["no_insert_exact"][1]["cached_tokens"] == 0
+    assert by_name["repeat"][1]["cached_tokens"] == 0  # nor does a RidgeFill request reuse a RidgeFill one
 
 
 def test_bad_parameter_fails_that_request_only(engine_run):

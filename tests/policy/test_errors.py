@@ -136,6 +136,7 @@ def test_split_absent_from_maps():
         ('policy "p" { split 12 select union(a()) }', {}, "p.rfpolicy:1:37: error: unexpected '('; arguments are name=value; combine selectors with |, & and -, or cut one with top(...)"),
         ('policy "p" { split 12 select union() }', {}, "p.rfpolicy:1:30: error: unknown selector 'union'; write set operations with |, & and - (here: |)"),
         ('policy "p" { tail 1e999 }', {}, "p.rfpolicy:1:19: error: number 1e999 is too large"),
+        ('policy "a\\n" {}', {}, 'p.rfpolicy:1:8: error: string is not closed on this line, or holds an escape other than \\" and \\\\'),
         ('policy "p" { split 2 correct terminal_state() }', {"model": ModelInfo.hybrid(8, attention_every=2)}, None),
     ],
 )

@@ -62,7 +62,7 @@ def test_every_shipped_policy_is_canonical_and_round_trips():
         assert parse_policy(format_policy(policy)) == policy
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies)
 def test_round_trip_of_generated_trees(policy):
     text = format_policy(policy)

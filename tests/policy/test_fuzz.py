@@ -23,7 +23,7 @@ PIECES = [
     "up", "to", "plus", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
     "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
 ]
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _check(text: str) -> None:
@@ -50,9 +50,9 @@ def test_random_text(text):
 
 
 @FUZZ
-@given(st.lists(st.sampled_from(PIECES), max_size=40).map(" ".join))
-def test_random_token_sequences(text):
-    _check('policy "p" { ' + text if text.startswith("arm") else text)
+@given(st.booleans(), st.lists(st.sampled_from(PIECES), max_size=40).map(" ".join))
+def test_random_token_sequences(framed, text):
+    _check(f'policy "p" {{ {text} }}' if framed else text)
 
 
 @st.composite
@@ -80,7 +80,7 @@ def test_mutated_shipped_policies(text):
     _check(text)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies)
 def test_compiling_generated_trees(policy):
     model, maps = deployment_for("qwen3.8-27b")

@@ -22,6 +22,7 @@ def _result(out: dict) -> dict:
         "output_ids": out["output_ids"],
         "logprobs": [x[0] for x in meta.get("output_token_logprobs") or []],
         "top": [[x[0], x[1]] for x in (top[0] or [])],
+        "tops": [[[x[0], x[1]] for x in (t or [])] for t in top],
         "cached_tokens": meta.get("cached_tokens"),
         "finish_reason": meta.get("finish_reason"),
     }

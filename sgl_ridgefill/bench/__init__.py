@@ -1,0 +1,6 @@
+"""TTFT benchmark of exact against RidgeFill prefill on a running server (``sgl-ridgefill bench``).
+
+``bounds``: the layer-pass and FLOP-counted speed bounds (engine-free); ``client``: the HTTP client;
+``runner``: the alternating measurement; ``report``: table, JSON and plot; ``cli``: the command;
+``synthetic``: random-weight model and maps folders to benchmark without a model hub.
+"""

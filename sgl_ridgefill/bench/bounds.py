@@ -1,0 +1,200 @@
+"""Speed bounds for RidgeFill prefill: the layer-pass bound ``1/r`` and a FLOP-counted bound (SPEC.md).
+
+The layer-pass bound assumes every layer costs the same per row and the maps are free:
+
+    r = S/L + (1 - S/L) * (T + E) / N        (E exact prefix rows; T and E clipped to the prompt)
+
+The FLOP-counted bound counts multiply-adds (2 FLOPs each) of the whole prefill, exact against RidgeFill:
+
+- per layer and row that runs the layer: the projections and the MLP, ``2 * params`` (Q, K, V, O, gate,
+  up, down; biases and norms are lower order and left out);
+- attention: ``4 * head_dim * heads`` per (query, key) pair, causally (``Q K^T`` and ``P V``);
+- per filled row and upper layer: the map, ``2 * d_in * d_out``, and the fill's K/V projection,
+  ``2 * d * 2 * kv_heads * head_dim``;
+- the LM head for the one row that is sampled, and an optional selector cost.
+
+Exact prefix rows are assumed spread evenly over the prefix (their attention pairs are counted at the
+prefix's mean position). Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+# The attention top-k selector reads the attention of this many last prompt rows (SPEC.md, "selectors").
+SELECTOR_QUERY_ROWS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims:
+    """The sizes of a dense decoder that the FLOP count needs."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelDims.{field.name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], *, source: str = "config") -> ModelDims:
+        """Read the sizes from a Hugging Face ``config.json`` dict (``text_config`` is looked into)."""
+        if isinstance(config.get("text_config"), Mapping):
+            config = config["text_config"]
+        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if config.get(k) is None]
+        if missing:
+            raise ValueError(f"{source}: missing {', '.join(missing)}; cannot count FLOPs for this model")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return cls(
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one layer's projections and MLP (Q, K, V, O, gate, up, down)."""
+        d = self.hidden_size
+        attention = d * self.q_size + 2 * d * self.kv_size + self.q_size * d
+        return attention + 3 * d * self.intermediate_size
+
+
+@dataclasses.dataclass(frozen=True)
+class RidgeFillShape:
+    """One prefill: ``num_tokens`` prompt rows, split layer ``split``, tail ``tail``, ``exact_rows`` selected."""
+
+    num_tokens: int
+    split: int
+    tail: int
+    exact_rows: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_tokens", "split", "tail"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.exact_rows, bool) or not isinstance(self.exact_rows, int) or self.exact_rows < 0:
+            raise ValueError(f"exact_rows must be a non-negative integer, got {self.exact_rows!r}")
+        if self.exact_rows > self.prefix:
+            raise ValueError(f"exact_rows {self.exact_rows} exceeds the prefix of {self.prefix} rows (N={self.num_tokens}, T={self.tail})")
+
+    @property
+    def tail_rows(self) -> int:
+        """The tail clipped to the prompt: a prompt shorter than ``T`` runs exactly."""
+        return min(self.tail, self.num_tokens)
+
+    @property
+    def prefix(self) -> int:
+        return self.num_tokens - self.tail_rows
+
+    @property
+    def filled_rows(self) -> int:
+        return self.prefix - self.exact_rows
+
+
+def _check_split(shape: RidgeFillShape, num_layers: int) -> None:
+    if not 1 <= shape.split <= num_layers:
+        raise ValueError(f"split {shape.split} is outside 1..{num_layers} for a {num_layers}-layer model")
+
+
+def layer_pass_fraction(shape: RidgeFillShape, num_layers: int) -> float:
+    """``r = S/L + (1 - S/L) * (T + E) / N``: the share of layer passes RidgeFill still runs."""
+    _check_split(shape, num_layers)
+    s = shape.split / num_layers
+    return s + (1 - s) * (shape.tail_rows + shape.exact_rows) / shape.num_tokens
+
+
+def layer_pass_bound(shape: RidgeFillShape, num_layers: int) -> float:
+    """The speed bound ``1 / r``."""
+    return 1.0 / layer_pass_fraction(shape, num_layers)
+
+
+def causal_pairs(first: int, count: int) -> int:
+    """(query, key) pairs of ``count`` consecutive rows starting at position ``first``, causally."""
+    return count * (first + 1) + count * (count - 1) // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one prefill, split by where they go (all floats, in FLOPs)."""
+
+    linear: float
+    attention: float
+    fill: float = 0.0
+    selector: float = 0.0
+    lm_head: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attention + self.fill + self.selector + self.lm_head
+
+
+def exact_prefill_flops(dims: ModelDims, num_tokens: int) -> FlopCount:
+    """Every layer for every row of an ``num_tokens``-row prompt."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    n, layers = num_tokens, dims.num_layers
+    attn_per_pair = 4 * dims.head_dim * dims.num_heads
+    return FlopCount(
+        linear=float(layers * n * 2 * dims.layer_params),
+        attention=float(layers * attn_per_pair * causal_pairs(0, n)),
+        lm_head=float(2 * dims.hidden_size * dims.vocab_size),
+    )
+
+
+def ridgefill_prefill_flops(dims: ModelDims, shape: RidgeFillShape, *, selector_flops: float = 0.0) -> FlopCount:
+    """RidgeFill: lower layers for every row, the fill for filled rows, upper layers for tail and exact rows."""
+    _check_split(shape, dims.num_layers)
+    n, s, upper = shape.num_tokens, shape.split, dims.num_layers - shape.split
+    attn_per_pair = 4 * dims.head_dim * dims.num_heads
+    exact_upper_rows = shape.tail_rows + shape.exact_rows
+    # Exact rows spread evenly over the prefix: on average a row at position (prefix - 1) / 2 sees
+    # (prefix + 1) / 2 keys.
+    exact_pairs = shape.exact_rows * (shape.prefix + 1) / 2
+    upper_pairs = causal_pairs(shape.prefix, shape.tail_rows) + exact_pairs
+    fill_per_row_layer = 2 * dims.hidden_size * dims.hidden_size + 2 * dims.hidden_size * 2 * dims.kv_size
+    return FlopCount(
+        linear=float(2 * dims.layer_params * (s * n + upper * exact_upper_rows)),
+        attention=float(attn_per_pair * (s * causal_pairs(0, n) + upper * upper_pairs)),
+        fill=float(upper * shape.filled_rows * fill_per_row_layer),
+        selector=float(selector_flops),
+        lm_head=float(2 * dims.hidden_size * dims.vocab_size),
+    )
+
+
+def attention_selector_flops(dims: ModelDims, num_tokens: int, layers: int, query_rows: int = SELECTOR_QUERY_ROWS) -> float:
+    """The attention top-k selector: scores of the last ``query_rows`` rows against every key
+    (``2 * head_dim * heads`` per pair) in ``layers`` sub-split layers. Its queries come for free
+    from the lower pass."""
+    if layers < 0 or query_rows < 0:
+        raise ValueError(f"layers and query_rows must be >= 0, got {layers} and {query_rows}")
+    q = min(query_rows, num_tokens)
+    return float(layers * 2 * dims.head_dim * dims.num_heads * q * num_tokens)
+
+
+def flop_bound(dims: ModelDims, shape: RidgeFillShape, *, selector_flops: float = 0.0) -> float:
+    """Exact prefill FLOPs over RidgeFill's: the FLOP-counted speed bound."""
+    exact = exact_prefill_flops(dims, shape.num_tokens).total
+    return exact / ridgefill_prefill_flops(dims, shape, selector_flops=selector_flops).total

@@ -1,0 +1,202 @@
+"""The TTFT benchmark's measurement loop: exact and RidgeFill alternating on one server.
+
+For each prompt length, ``pairs`` pairs are sent. A pair is one prompt (random token ids, a fixed seed per
+length and pair, so every pair has its own prompt) sent once exactly (``{"ridgefill": {"enabled":
+false}}``) and once with RidgeFill (``{"ridgefill": {...}}``); even pairs send the exact arm first, odd
+pairs RidgeFill first, so a drift in machine speed hits both arms alike. The radix cache is flushed
+before every request: the second arm of a pair would otherwise reuse the first arm's prefix (RidgeFill
+requests reuse exact cached prefixes by design). Each response's ``cached_tokens`` is kept as a check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .bounds import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
+
+EXACT, RIDGEFILL = "exact", "ridgefill"
+ARMS = (EXACT, RIDGEFILL)
+EXACT_PARAMS: dict[str, Any] = {"ridgefill": {"enabled": False}}
+
+
+class TimingClient(Protocol):
+    def flush_cache(self) -> None: ...
+
+    def time_generate(self, input_ids: list[int], custom_params: dict[str, Any] | None, *, stream: bool = False) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
+    (``{}``: the server's settings); ``split``/``tail``/``exact_fraction`` only feed the bounds, unless
+    ``rf_params`` sets ``split``/``tail``, which then win."""
+
+    lengths: tuple[int, ...]
+    vocab_size: int
+    pairs: int = 3
+    split: int = 12
+    tail: int = 1024
+    exact_fraction: float = 0.0
+    rf_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    warmup: int = 1
+    flush: bool = True
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("--lengths: give at least one prompt length")
+        for n in self.lengths:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"--lengths: every length must be a positive integer, got {n!r}")
+        if self.pairs < 1:
+            raise ValueError(f"--pairs must be >= 1, got {self.pairs}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab size must be >= 2, got {self.vocab_size}")
+        if not 0.0 <= self.exact_fraction < 1.0:
+            raise ValueError(f"--exact-fraction must be in [0, 1), got {self.exact_fraction}")
+        if not isinstance(self.rf_params, Mapping):
+            raise ValueError(f"--rf-params must be a JSON object, got {self.rf_params!r}")
+
+    @property
+    def bound_split(self) -> int:
+        return int(self.rf_params.get("split") or self.split)
+
+    @property
+    def bound_tail(self) -> int:
+        return int(self.rf_params.get("tail") or self.tail)
+
+    def shape(self, length: int) -> RidgeFillShape:
+        tail = min(self.bound_tail, length)
+        exact = int(round(self.exact_fraction * (length - tail)))
+        return RidgeFillShape(num_tokens=length, split=self.bound_split, tail=self.bound_tail, exact_rows=exact)
+
+    def arm_params(self, arm: str) -> dict[str, Any]:
+        return EXACT_PARAMS if arm == EXACT else {"ridgefill": dict(self.rf_params)}
+
+
+def make_prompt(length: int, vocab_size: int, seed: int, pair: int) -> list[int]:
+    """Random token ids for one pair; the low and high ends of the vocabulary (special tokens) are avoided."""
+    lo = min(100, vocab_size // 4)
+    hi = max(lo + 1, int(vocab_size * 0.95))
+    rng = random.Random(f"sgl-ridgefill-bench:{seed}:{length}:{pair}")
+    return [rng.randrange(lo, hi) for _ in range(length)]
+
+
+def pair_order(pair: int) -> tuple[str, str]:
+    """Even pairs run exact first, odd pairs RidgeFill first."""
+    return ARMS if pair % 2 == 0 else ARMS[::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    length: int
+    pair: int
+    arm: str
+    position: int  # 0: first in its pair, 1: second
+    seconds: float
+    cached_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthSummary:
+    """Per prompt length: medians of each arm, the speedup (ratio of medians) with the spread of the
+    per-pair ratios, both bounds and the fraction of each reached."""
+
+    length: int
+    exact_median: float
+    ridgefill_median: float
+    speedup: float
+    pair_ratios: tuple[float, ...]
+    layer_bound: float
+    flop_bound: float
+    cache_hits: int
+
+    @property
+    def ratio_min(self) -> float:
+        return min(self.pair_ratios)
+
+    @property
+    def ratio_max(self) -> float:
+        return max(self.pair_ratios)
+
+    @property
+    def layer_fraction(self) -> float:
+        return self.speedup / self.layer_bound
+
+    @property
+    def flop_fraction(self) -> float:
+        return self.speedup / self.flop_bound
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(
+            pair_ratios=list(self.pair_ratios), ratio_min=self.ratio_min, ratio_max=self.ratio_max,
+            layer_fraction=self.layer_fraction, flop_fraction=self.flop_fraction,
+        )
+        return out
+
+
+def summarize(records: Sequence[Record], config: BenchConfig, dims: ModelDims) -> list[LengthSummary]:
+    out = []
+    for length in config.lengths:
+        rows = [r for r in records if r.length == length]
+        by_pair: dict[int, dict[str, float]] = {}
+        for r in rows:
+            by_pair.setdefault(r.pair, {})[r.arm] = r.seconds
+        complete = {p: t for p, t in by_pair.items() if EXACT in t and RIDGEFILL in t}
+        if not complete:
+            continue
+        exact = [t[EXACT] for t in complete.values()]
+        filled = [t[RIDGEFILL] for t in complete.values()]
+        shape = config.shape(length)
+        out.append(
+            LengthSummary(
+                length=length,
+                exact_median=statistics.median(exact),
+                ridgefill_median=statistics.median(filled),
+                speedup=statistics.median(exact) / statistics.median(filled),
+                pair_ratios=tuple(t[EXACT] / t[RIDGEFILL] for _, t in sorted(complete.items())),
+                layer_bound=layer_pass_bound(shape, dims.num_layers),
+                flop_bound=flop_bound(dims, shape),
+                cache_hits=sum(1 for r in rows if r.cached_tokens > 0),
+            )
+        )
+    return out
+
+
+def run_bench(
+    client: TimingClient,
+    config: BenchConfig,
+    dims: ModelDims,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Record], list[LengthSummary]]:
+    """Measure every length (after ``config.warmup`` untimed pairs at the first length)."""
+    say = progress or (lambda _msg: None)
+
+    def timed(ids: list[int], arm: str) -> Any:
+        if config.flush:
+            client.flush_cache()
+        return client.time_generate(ids, config.arm_params(arm), stream=config.stream)
+
+    for w in range(config.warmup):
+        ids = make_prompt(config.lengths[0], config.vocab_size, config.seed, -1 - w)
+        for arm in pair_order(w):
+            timed(ids, arm)
+        say(f"warm-up pair {w + 1}/{config.warmup} done")
+    records: list[Record] = []
+    for length in config.lengths:
+        for pair in range(config.pairs):
+            ids = make_prompt(length, config.vocab_size, config.seed, pair)
+            for position, arm in enumerate(pair_order(pair)):
+                t = timed(ids, arm)
+                records.append(Record(length, pair, arm, position, float(t.seconds), int(getattr(t, "cached_tokens", 0))))
+                say(f"N={length} pair {pair + 1}/{config.pairs} {arm:9s} {t.seconds:8.3f} s")
+    return records, summarize(records, config, dims)

@@ -1,0 +1,35 @@
+"""``python -m sgl_ridgefill.cpu.launch_server [sglang flags]``: SGLang's server on a CPU-only machine.
+
+Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
+the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
+the PyTorch sampler), then runs ``python -m sglang.launch_server`` with everything else passed through.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .environment import CPU_SERVER_ARGS, cpu_environment
+
+
+def cpu_flags(argv: list[str]) -> list[str]:
+    """``argv`` plus every CPU default whose flag ``argv`` does not already set."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    out = list(argv)
+    for key, value in CPU_SERVER_ARGS.items():
+        flag = "--" + key.replace("_", "-")
+        if flag not in given:
+            out += [flag, str(value)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    env = cpu_environment()
+    cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_flags(argv)]
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()

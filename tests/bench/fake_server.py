@@ -1,0 +1,87 @@
+"""A tiny stand-in for an SGLang server's native API, for the benchmark tests.
+
+``/generate`` sleeps a known time per arm (exact: ``custom_params.ridgefill.enabled == false``) and
+emulates the radix cache: a prompt seen since the last ``/flush_cache`` reports ``cached_tokens``. Every
+call is logged in order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeServer:
+    def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False):
+        self.model_path = model_path
+        self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
+        self.abort = abort
+        self.log: list[tuple] = []  # ("flush",) or ("generate", arm, ids, params)
+        self._cache: set[tuple[int, ...]] = set()
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def generates(self) -> list[tuple]:
+        return [e for e in self.log if e[0] == "generate"]
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _send(self, code: int, payload) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/get_model_info":
+                    self._send(200, {"model_path": fake.model_path, "is_generation": True})
+                else:
+                    self._send(404, {"detail": "Not Found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.path == "/flush_cache":
+                    with fake._lock:
+                        fake._cache.clear()
+                        fake.log.append(("flush",))
+                    self._send(200, {})
+                    return
+                if self.path != "/generate":
+                    self._send(404, {"detail": "Not Found"})
+                    return
+                params = body["sampling_params"].get("custom_params", {}).get("ridgefill")
+                arm = "exact" if params == {"enabled": False} else "ridgefill"
+                ids = tuple(body["input_ids"])
+                with fake._lock:
+                    cached = len(ids) - 1 if ids in fake._cache else 0
+                    fake._cache.add(ids)
+                    fake.log.append(("generate", arm, ids, params))
+                time.sleep(fake.exact_s if arm == "exact" else fake.ridgefill_s)
+                finish = {"type": "abort", "message": "RidgeFill: bad"} if fake.abort else {"type": "length", "length": 1}
+                self._send(200, {"output_ids": [7], "meta_info": {"cached_tokens": cached, "finish_reason": finish}})
+
+        return Handler

@@ -1,0 +1,95 @@
+"""A real HTTP server on CPU: the flags, per-request control from /generate and the OpenAI API, HTTP 400
+on bad parameters while the server carries on, and the namespace cache mode under chunked prefill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from sgl_ridgefill.cpu.environment import cpu_environment
+from tests.engine.conftest import SPLIT, assert_top_close
+from tests.support.engines import prompt
+from tests.support.server import cpu_server
+
+pytestmark = pytest.mark.engine
+TAIL = 20
+
+
+def test_help_lists_the_flags():
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], env=cpu_environment(),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--prefill-backend {default,ridgefill}" in proc.stdout
+    for flag in ("--ridgefill-maps", "--ridgefill-policy", "--ridgefill-split", "--ridgefill-tail",
+                 "--ridgefill-cache-mode", "ridgefill_cpu"):
+        assert flag in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models):
+    model = tiny_models("llama")
+    args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
+            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48",
+            "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir),
+            "--ridgefill-split", str(SPLIT), "--ridgefill-tail", str(TAIL), "--ridgefill-cache-mode", "namespace"]
+    with cpu_server(args) as url:
+        yield model, url
+
+
+def _generate(url, ids, ridgefill=None, **extra):
+    sp = {"max_new_tokens": 1, "temperature": 0}
+    if ridgefill is not None:
+        sp["custom_params"] = {"ridgefill": ridgefill}
+    body = {"input_ids": ids, "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 3, **extra}
+    return requests.post(url + "/generate", json=body, timeout=300)
+
+
+def _top(resp):
+    meta = resp.json()["meta_info"]
+    return {"top": [[x[0], x[1]] for x in meta["output_top_logprobs"][0]], "cached": meta["cached_tokens"]}
+
+
+def test_generate_matches_reference_and_bad_params_get_400(server):
+    model, url = server
+    ids = prompt(40, 150)
+    ok = _generate(url, ids, {"arm": "identity"})
+    assert ok.status_code == 200
+    assert_top_close(_top(ok), model.expected_top(ids, split=SPLIT, tail=TAIL, arm="identity"))
+    bad = _generate(url, ids, {"tail": -1})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == 'custom_params["ridgefill"]["tail"] must be >= 1, got -1'
+    reserved = _generate(url, ids, extra_key="x|rf:abc")
+    assert reserved.status_code == 400 and "reserved" in reserved.json()["error"]["message"]
+    assert requests.get(url + "/health", timeout=30).status_code == 200
+
+
+def test_namespace_mode_shares_filled_kv_only_among_ridgefill(server):
+    model, url = server
+    ids = prompt(41, 150)
+    first = _top(_generate(url, ids, {}))
+    second = _top(_generate(url, ids, {}))
+    assert first["cached"] == 0 and second["cached"] >= 140  # filled KV reused within the namespace
+    assert second["top"] == first["top"]
+    exact = _top(_generate(url, ids, {"enabled": False}))
+    assert exact["cached"] == 0  # the exact request never sees the namespace
+    assert_top_close(exact, model.expected_top(ids, split=SPLIT, tail=TAIL, arm="exact"))
+    assert_top_close(first, model.expected_top(ids, split=SPLIT, tail=TAIL))
+
+
+def test_openai_client_extra_body(server):
+    openai = pytest.importorskip("openai")
+    model, url = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 8
+    common = dict(model=str(model.path), prompt=text, max_tokens=4, temperature=0, logprobs=1)
+    filled = client.completions.create(**common, extra_body={"custom_params": {"ridgefill": {"arm": "ridgefill"}}})
+    exact = client.completions.create(**common, extra_body={"custom_params": {"ridgefill": {"enabled": False}}})
+    assert filled.choices[0].logprobs.token_logprobs != exact.choices[0].logprobs.token_logprobs
+    with pytest.raises(openai.BadRequestError, match="arm"):
+        client.completions.create(**common, extra_body={"custom_params": {"ridgefill": {"arm": "fast"}}})

@@ -1,0 +1,58 @@
+"""The plugin gate: version pin, hook verification that stops a server instead of running it without hooks."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_ridgefill import compat
+
+
+def test_pinned_version_is_read_from_package_metadata():
+    assert compat.pinned_sglang_version() == "0.5.23"
+
+
+def test_version_mismatch_is_refused(monkeypatch):
+    monkeypatch.setattr(compat, "pinned_sglang_version", lambda: "0.0.1")
+    monkeypatch.delenv("RIDGEFILL_ALLOW_SGLANG_VERSION_MISMATCH", raising=False)
+    with pytest.raises(compat.SGLangVersionError, match="built for SGLang 0.0.1"):
+        compat.check_sglang_version()
+    monkeypatch.setenv("RIDGEFILL_ALLOW_SGLANG_VERSION_MISMATCH", "1")
+    assert compat.check_sglang_version()
+
+
+@pytest.fixture()
+def cpu_sglang():
+    from sgl_ridgefill.cpu.environment import apply_cpu_environment
+
+    apply_cpu_environment()
+    pytest.importorskip("sglang.srt.plugins.hook_registry")
+
+
+def test_missing_hook_stops_the_process(cpu_sglang):
+    from sgl_ridgefill import patches
+
+    with pytest.raises(SystemExit) as e:
+        patches.verify_hooks(("sglang.srt.managers.scheduler.Scheduler.no_such_method_in_sglang",))
+    assert "did not take effect: sglang.srt.managers.scheduler.Scheduler.no_such_method_in_sglang" in str(e.value)
+    assert "Refusing to start" in str(e.value)
+
+
+def test_system_exit_escapes_sglang_plugin_loader(cpu_sglang, monkeypatch):
+    """SGLang logs and swallows plugin exceptions; the gate relies on SystemExit not being one of them."""
+    import sglang.srt.plugins as plugins
+
+    def failing():
+        raise SystemExit("stop")
+
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugins, "load_plugins_by_group", lambda *a, **k: {"ridgefill": (failing, "sgl-ridgefill")})
+    with pytest.raises(SystemExit):
+        plugins.load_plugins()
+
+
+def test_enabled_hooks_apply(cpu_sglang):
+    from sgl_ridgefill import patches
+
+    targets = patches.register_hooks(True)
+    patches.verify_hooks(targets)
+    assert patches.missing_hooks(targets) == []
