@@ -3,6 +3,7 @@
     sgl-ridgefill bench --url http://127.0.0.1:30000 --lengths 2048,4096,8192 --pairs 3 --out DIR
         [--model-path DIR] [--split S | --ridgefill-maps DIR] [--tail T] [--exact-fraction F]
         [--rf-params JSON] [--warmup N] [--seed N] [--stream] [--no-flush] [--timeout S]
+        [--server-pid PID]
 
 The server must run ``--prefill-backend ridgefill`` (requests switch per request). Prints one line per
 length and writes ``DIR/bench.json`` and ``DIR/bench.png``. User errors print one line and exit 1.
@@ -67,6 +68,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
     p.add_argument("--stream", action="store_true", help="time the first streamed chunk instead of the whole 1-token request")
     p.add_argument("--no-flush", dest="flush", action="store_false", help="do not POST /flush_cache before each request")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="PID of a server on this machine: also record its processes' CPU seconds per request (Linux)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (default 1800)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("ridgefill-bench"), help="folder for bench.json and bench.png (default ./ridgefill-bench)")
     p.set_defaults(func=run)
@@ -125,8 +128,15 @@ def run(args: argparse.Namespace) -> int:
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent
+        probe = None
+        if args.server_pid is not None:
+            from .procstat import ServerCpu
+
+            probe = ServerCpu(args.server_pid)
         load_before = os.getloadavg()
-        records, summaries = run_bench(client, config, dims, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        records, summaries = run_bench(
+            client, config, dims, progress=lambda m: print(m, file=sys.stderr, flush=True), cpu_probe=probe
+        )
         load_after = os.getloadavg()
     except (ServerError, ValueError) as e:
         print(f"sgl-ridgefill bench: error: {e}", file=sys.stderr)

@@ -21,14 +21,24 @@ def format_table(summaries: Sequence[LengthSummary]) -> str:
         f"{'tokens':>7} {'exact s':>9} {'ridgefill s':>11} {'speedup':>8} {'pair ratios':>15} "
         f"{'1/r':>6} {'reached':>8} {'FLOP bnd':>8} {'reached':>8} {'cache hits':>10}"
     )
+    cores = any(s.exact_cores is not None for s in summaries)
+    if cores:
+        head += f" {'cores ex/rf':>12}"
     lines = [head]
     for s in summaries:
+        extra = ""
+        if cores:
+            extra = f" {_cores(s.exact_cores):>5}/{_cores(s.ridgefill_cores):<6}"
         lines.append(
             f"{s.length:>7} {s.exact_median:>9.3f} {s.ridgefill_median:>11.3f} {s.speedup:>7.3f}x "
             f"{s.ratio_min:>6.3f}..{s.ratio_max:<6.3f} {s.layer_bound:>5.3f}x {s.layer_fraction:>7.1%} "
-            f"{s.flop_bound:>7.3f}x {s.flop_fraction:>7.1%} {s.cache_hits:>10}"
+            f"{s.flop_bound:>7.3f}x {s.flop_fraction:>7.1%} {s.cache_hits:>10}" + extra
         )
     return "\n".join(lines)
+
+
+def _cores(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def report_dict(

@@ -29,6 +29,15 @@ class TimingClient(Protocol):
     def time_generate(self, input_ids: list[int], custom_params: dict[str, Any] | None, *, stream: bool = False) -> Any: ...
 
 
+class CpuProbe(Protocol):
+    """``procstat.ServerCpu``: CPU seconds per server process, sampled around each request."""
+
+    def sample(self) -> dict[str, float]: ...
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
@@ -102,6 +111,15 @@ class Record:
     position: int  # 0: first in its pair, 1: second
     seconds: float
     cached_tokens: int
+    server_cpu: Mapping[str, float] | None = None  # CPU seconds per server process during the request
+
+    @property
+    def scheduler_cores(self) -> float | None:
+        """CPU seconds of the scheduler process over wall seconds: the cores it kept busy."""
+        if not self.server_cpu or self.seconds <= 0:
+            return None
+        busy = [v for k, v in self.server_cpu.items() if "schedul" in k]  # /proc comm is cut at 15 chars
+        return sum(busy) / self.seconds if busy else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +135,8 @@ class LengthSummary:
     layer_bound: float
     flop_bound: float
     cache_hits: int
+    exact_cores: float | None = None  # median scheduler cores busy per arm (with a CPU probe)
+    ridgefill_cores: float | None = None
 
     @property
     def ratio_min(self) -> float:
@@ -156,6 +176,7 @@ def summarize(records: Sequence[Record], config: BenchConfig, dims: ModelDims) -
         exact = [t[EXACT] for t in complete.values()]
         filled = [t[RIDGEFILL] for t in complete.values()]
         shape = config.shape(length)
+        cores = {arm: [r.scheduler_cores for r in rows if r.arm == arm and r.scheduler_cores is not None] for arm in ARMS}
         out.append(
             LengthSummary(
                 length=length,
@@ -166,6 +187,8 @@ def summarize(records: Sequence[Record], config: BenchConfig, dims: ModelDims) -
                 layer_bound=layer_pass_bound(shape, dims.num_layers),
                 flop_bound=flop_bound(dims, shape),
                 cache_hits=sum(1 for r in rows if r.cached_tokens > 0),
+                exact_cores=statistics.median(cores[EXACT]) if cores[EXACT] else None,
+                ridgefill_cores=statistics.median(cores[RIDGEFILL]) if cores[RIDGEFILL] else None,
             )
         )
     return out
@@ -177,14 +200,18 @@ def run_bench(
     dims: ModelDims,
     *,
     progress: Callable[[str], None] | None = None,
+    cpu_probe: CpuProbe | None = None,
 ) -> tuple[list[Record], list[LengthSummary]]:
     """Measure every length (after ``config.warmup`` untimed pairs at the first length)."""
     say = progress or (lambda _msg: None)
 
-    def timed(ids: list[int], arm: str) -> Any:
+    def timed(ids: list[int], arm: str) -> tuple[Any, dict[str, float] | None]:
         if config.flush:
             client.flush_cache()
-        return client.time_generate(ids, config.arm_params(arm), stream=config.stream)
+        before = cpu_probe.sample() if cpu_probe is not None else None
+        t = client.time_generate(ids, config.arm_params(arm), stream=config.stream)
+        cpu = cpu_probe.delta(before, cpu_probe.sample()) if cpu_probe is not None else None
+        return t, cpu
 
     for w in range(config.warmup):
         ids = make_prompt(config.lengths[0], config.vocab_size, config.seed, -1 - w)
@@ -196,7 +223,9 @@ def run_bench(
         for pair in range(config.pairs):
             ids = make_prompt(length, config.vocab_size, config.seed, pair)
             for position, arm in enumerate(pair_order(pair)):
-                t = timed(ids, arm)
-                records.append(Record(length, pair, arm, position, float(t.seconds), int(getattr(t, "cached_tokens", 0))))
-                say(f"N={length} pair {pair + 1}/{config.pairs} {arm:9s} {t.seconds:8.3f} s")
+                t, cpu = timed(ids, arm)
+                rec = Record(length, pair, arm, position, float(t.seconds), int(getattr(t, "cached_tokens", 0)), cpu)
+                records.append(rec)
+                cores = f"  scheduler cores {rec.scheduler_cores:.2f}" if rec.scheduler_cores is not None else ""
+                say(f"N={length} pair {pair + 1}/{config.pairs} {arm:9s} {t.seconds:8.3f} s{cores}")
     return records, summarize(records, config, dims)

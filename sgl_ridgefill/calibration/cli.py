@@ -58,6 +58,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     _common(parser)
     parser.add_argument("--max-tokens", type=_positive, default=250_000, help="training tokens to read (default 250000)")
     parser.add_argument("--doc-tokens", type=_positive, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
+    parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
     parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
     parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="model dtype for the pass")
@@ -100,7 +101,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     try:
         config = CalibrationConfig(
             model=args.model, corpus=args.corpus, splits=args.splits, out_dir=args.out, lam=args.lam,
-            max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, min_doc_tokens=args.min_doc_tokens,
+            max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, max_doc_pieces=args.max_doc_pieces,
+            min_doc_tokens=args.min_doc_tokens,
             heldout_docs=args.heldout_docs, quant=args.quant, group_size=args.group_size, stats_dir=args.stats,
             force=args.force, seed=args.seed, dtype=args.dtype, checkpoint_seconds=args.checkpoint_seconds,
             progress=not args.no_progress,

@@ -29,7 +29,9 @@ class CalibrationConfig:
     ``.txt``/``.jsonl`` files or ``"builtin"``; ``splits``: split layers (checked against the model's
     ``1..L-1`` once it is loaded); ``lam``: ridge penalty, ``None`` to choose it on held-out documents;
     ``max_tokens``: training tokens to read (held-out documents come on top); ``doc_tokens``: longest
-    forward pass (longer documents are cut into pieces of this many tokens); ``min_doc_tokens``: shorter
+    forward pass (longer documents are cut into pieces of this many tokens); ``max_doc_pieces``: pieces
+    read from one training document at most (the rest of a long document is left unread, so one book
+    cannot crowd out the others); ``min_doc_tokens``: shorter
     documents (and trailing pieces) are skipped; ``heldout_docs``: whole documents kept out of the fit to
     choose ``lam`` and score the maps; ``checkpoint_seconds``: how often statistics are saved for resume.
     """
@@ -41,6 +43,7 @@ class CalibrationConfig:
     lam: float | None = None
     max_tokens: int = 250_000
     doc_tokens: int = 2048
+    max_doc_pieces: int = 4
     min_doc_tokens: int = 64
     heldout_docs: int = 5
     quant: str = "bf16"
@@ -69,6 +72,8 @@ class CalibrationConfig:
             raise CalibrationError(f"--lambda must be a positive number or 'auto', got {self.lam!r}")
         if self.max_tokens < 1:
             raise CalibrationError(f"--max-tokens must be positive, got {self.max_tokens}")
+        if self.max_doc_pieces < 1:
+            raise CalibrationError(f"--max-doc-pieces must be at least 1, got {self.max_doc_pieces}")
         if self.min_doc_tokens < 2:
             raise CalibrationError(f"--min-doc-tokens must be at least 2, got {self.min_doc_tokens}")
         if self.doc_tokens < self.min_doc_tokens:

@@ -79,13 +79,19 @@ class Corpus:
             ],
         }
 
+    def shuffled(self, source: Source, seed: int) -> list[Document]:
+        """``source``'s documents in its own deterministic order for ``seed``."""
+        docs = list(source.documents)
+        random.Random(f"{seed}:{source.name}").shuffle(docs)
+        return docs
+
     def ordered(self, seed: int) -> list[Document]:
-        """All documents in the deterministic mixed reading order for ``seed``."""
-        queues = []
-        for source in self.sources:
-            docs = list(source.documents)
-            random.Random(f"{seed}:{source.name}").shuffle(docs)
-            queues.append(collections.deque(docs))
+        """All documents in a deterministic order for ``seed``, sources interleaved by text size.
+
+        Held-out documents are picked from this order; training reads through :class:`Mixer`, which
+        balances sources by the tokens actually read.
+        """
+        queues = [collections.deque(self.shuffled(source, seed)) for source in self.sources]
         read = [0.0] * len(queues)
         order = []
         while any(queues):
@@ -95,6 +101,29 @@ class Corpus:
             read[i] += max(doc.size, 1)
             order.append(doc)
         return order
+
+
+class Mixer:
+    """Chooses the next training document from the source furthest below its weight's share of the
+    tokens read so far, so the mix holds at any ``--max-tokens``, however long each source's documents.
+
+    ``read``: tokens read per source name, updated by the caller (it persists across resumes); ``skip``:
+    ids never to return (held-out and already-read documents).
+    """
+
+    def __init__(self, corpus: Corpus, seed: int, read: dict[str, int], skip: set[str]) -> None:
+        self._sources = corpus.sources
+        self._read = read
+        self._queues = [
+            collections.deque(d for d in corpus.shuffled(source, seed) if d.id not in skip) for source in corpus.sources
+        ]
+
+    def next(self) -> Document | None:
+        live = [i for i, q in enumerate(self._queues) if q]
+        if not live:
+            return None
+        i = min(live, key=lambda k: (self._read.get(self._sources[k].name, 0) / self._sources[k].weight, k))
+        return self._queues[i].popleft()
 
 
 def pick_heldout(order: list[Document], count: int, usable: Callable[[Document], bool]) -> list[Document]:

@@ -127,7 +127,8 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
     return _solve_and_write(
         state, stats_dir, out_dir, config.lam, splits=config.splits, quant=config.quant,
         group_size=config.group_size, force=config.force,
-        extra={"max_tokens": config.max_tokens, "pass": pass_info, "_started": started}, log=log,
+        extra={"max_tokens": config.max_tokens, "max_doc_pieces": config.max_doc_pieces, "pass": pass_info,
+               "_started": started}, log=log,
     )
 
 
@@ -189,12 +190,13 @@ def _solve_and_write(
         maps.append(SplitMaps(split, fit.A, fit.b, fit.info(state.heldout[split].rows, state.train[split].rows)))
     started = extra.pop("_started")
     calibration = {
-        "corpus": {**state.run["corpus"], "read": progress.get("sources", {})},
+        "corpus": {**state.run["corpus"], "read": progress["train_sources"], "heldout_read": progress["heldout_sources"]},
         "documents": progress["train"]["documents"],
         "tokens": progress["train"]["tokens"],
         "pieces": progress["train"]["pieces"],
         "longest_document_tokens": max(progress["train"]["longest"], progress["heldout"]["longest"]),
         "doc_tokens": state.run["doc_tokens"],
+        **({"max_doc_pieces": extra.pop("max_doc_pieces")} if "max_doc_pieces" in extra else {}),
         "min_doc_tokens": state.run["min_doc_tokens"],
         "heldout_documents": progress["heldout"]["documents"],
         "heldout_tokens": progress["heldout"]["tokens"],

@@ -3,8 +3,9 @@
 Held-out documents are chosen first (whole documents, round-robin over the corpus's sources) and read
 before any training document, so the scoring set does not depend on ``--max-tokens``. Only the first
 ``doc_tokens`` of a held-out document are read (scoring needs rows, not whole books). Training
-documents follow in the corpus's mixed order until ``max_tokens`` training tokens are read. Peak
-memory is the statistics plus one forward pass's states.
+documents follow, each source getting its weight's share of the tokens read (:class:`Mixer`), at most
+``max_doc_pieces`` forward passes per document (so one long book cannot crowd out the rest), until
+``max_tokens`` training tokens are read. Peak memory is the statistics plus one forward pass's states.
 
 Statistics are checkpointed every ``checkpoint_seconds`` and at the end, always at a document
 boundary, so re-running after an interruption resumes where the last checkpoint left off.
@@ -20,7 +21,7 @@ import torch
 
 from .capture import capture_layer_inputs
 from .config import CalibrationConfig, CalibrationError
-from .corpus import Corpus, Document, iter_pieces, pick_heldout
+from .corpus import Corpus, Document, Mixer, iter_pieces, pick_heldout
 from .stats import StatsState, to_float64
 
 
@@ -126,7 +127,7 @@ def run_pass(
             counters["longest"] = max(counters["longest"], len(piece))
             bar.update(len(piece))
         counters["documents"] += 1
-        per_source = progress.setdefault("sources", {}).setdefault(doc.source, {"documents": 0, "tokens": 0})
+        per_source = progress[f"{side}_sources"].setdefault(doc.source, {"documents": 0, "tokens": 0})
         per_source["documents"] += 1
         per_source["tokens"] += sum(len(p) for p in pieces)
         progress["done"].append(doc.id)
@@ -150,12 +151,10 @@ def run_pass(
 
     train = progress["train"]
     budget_hit = train["tokens"] >= config.max_tokens
+    read = {name: entry["tokens"] for name, entry in progress["train_sources"].items()}
+    mixer = Mixer(corpus, config.seed, read, done | heldout_ids)
     with _progress_bar(config.progress, desc="calibrate", total=config.max_tokens, initial=min(train["tokens"], config.max_tokens)) as bar:
-        for doc in order:
-            if budget_hit:
-                break
-            if doc.id in done or doc.id in heldout_ids:
-                continue
+        while not budget_hit and (doc := mixer.next()) is not None:
             ids = tokens(doc)
             if len(ids) < config.min_doc_tokens:
                 progress["skipped_short"].append([doc.id, len(ids)])
@@ -165,11 +164,12 @@ def run_pass(
             pieces = []
             room = config.max_tokens - train["tokens"]
             for piece in iter_pieces(ids, config.doc_tokens, config.min_doc_tokens):
-                if room <= 0:
+                if room <= 0 or len(pieces) == config.max_doc_pieces:
                     break
                 pieces.append(piece)
                 room -= len(piece)
             consume(doc, "train", pieces, bar)
+            read[doc.source] = progress["train_sources"][doc.source]["tokens"]
             budget_hit = train["tokens"] >= config.max_tokens
             maybe_save()
     progress["exhausted"] = not budget_hit

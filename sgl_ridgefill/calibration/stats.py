@@ -110,6 +110,7 @@ class StatsState:
     def fresh(cls, run: dict[str, Any], splits: tuple[int, ...], num_layers: int, d: int, vocab: int) -> "StatsState":
         progress = {
             "done": [], "heldout_ids": [], "skipped_short": [], "exhausted": False,
+            "train_sources": {}, "heldout_sources": {},
             "train": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0},
             "heldout": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0},
         }

@@ -110,6 +110,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         config, adapter, maps=maps, maps_info=maps_folder, policy=server_policy, policies=policies,
         token_counts=token_counts, token_table=token_table, default_split=default_split,
     )
+    if server_policy is not None:
+        rt.check_policy_inputs(server_policy)  # a bad server policy stops the server here, with this message
     resident = maps.resident_bytes if maps is not None else 0
     logger.info(
         "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB policy=%s arm=%s split=%s tail=%s cache=%s",

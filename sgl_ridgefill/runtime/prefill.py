@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 def _captures_for(rt: RidgeFillRuntime, st: RequestState, p0: int, n: int, split: int, upper: bool) -> list:
     """Query captures for the statistics requirements whose windows overlap rows ``[p0, p0+n)``."""
+    from ..selectors.base import AttentionRequirement
+
     out = []
     for req in rt.requirements(st.plan):
-        if getattr(req, "kind", None) != "attention":
+        if not isinstance(req, AttentionRequirement):
             continue
         lo, hi = selection.query_window(req.query, req.q, st.num_tokens, st.boundary)
         a, b = max(lo, p0), min(hi, p0 + n)
@@ -72,12 +74,13 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     if p0 + n < big_n:
         return
     # Sweep 2: the selection, then exact rows and tail through the upper layers.
-    exact = rt.select_rows(fb, i, st)
     req_row = fb.req_pool_indices[i]
     req_to_token = rt.req_to_token()
+    device = fb.input_ids.device
+    probes = {req: run_probe(rt, fb, i, st, req.rows) for req in rt.requirements(plan) if hasattr(req, "rows")}
+    exact = rt.select_rows(fb, i, st, probes)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])
-    device = fb.input_ids.device
     all_pos_d = all_pos.to(device)
     x_rows = torch.cat([st.prefix_x[exact - st.start], st.tail_x]) if exact.numel() else st.tail_x
     upper_sub = rows_subbatch(
@@ -109,3 +112,39 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     st.prefill_done = True
     st.tail_x = st.prefix_x = None
     st.queries.clear()
+
+
+def run_probe(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
+    """The probe (SPEC.md): the last ``rows`` prompt rows run the exact upper layers over the filled cache,
+    before the rest of the tail exists there; returns the attention every prefix row receives from them,
+    summed over heads, probe rows and upper layers: ``[B]`` float32. The probe rows' upper-layer K/V are
+    rewritten when the tail runs."""
+    ad, plan = rt.adapter, st.plan
+    big_n, boundary, split = st.num_tokens, st.boundary, plan.split
+    r = min(rows, big_n - boundary)
+    device = fb.input_ids.device
+    pos = torch.arange(big_n - r, big_n, dtype=torch.long)
+    visible = torch.ones(big_n, dtype=torch.bool, device=device)
+    visible[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
+    if plan.arm == "nofill":
+        visible[st.start : boundary] = False
+    pos_d = pos.to(device)
+    slots_all = rt.req_to_token()[fb.req_pool_indices[i], :big_n]
+    sub = rows_subbatch(
+        fb, i, input_ids=st.prompt_ids[pos].to(device), positions=pos_d.to(fb.positions.dtype),
+        out_cache_loc=slots_all[pos_d].to(fb.out_cache_loc.dtype), seq_len=big_n,
+    )
+    sinks = {layer_id: [] for layer_id in range(split, ad.shape.num_layers)}
+    captures = [(layer_id, 0, r, sink) for layer_id, sink in sinks.items()]
+    passes.upper_pass(ad, sub, split, st.tail_x[-r:], visible_keys=visible, captures=captures, final_norm=False)
+    key_pos = torch.nonzero(visible).flatten()
+    pool = rt.attn_backend().token_to_kv_pool
+    total = torch.zeros(boundary, dtype=torch.float32)
+    in_prefix = key_pos < boundary
+    for layer_id, sink in sinks.items():
+        q = torch.cat(sink).reshape(r, -1, ad.shape.head_dim).float()
+        k = pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
+        scale = ad.layers[layer_id].self_attn.attn.scaling
+        received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos)
+        total[key_pos[in_prefix].cpu()] += received[in_prefix].cpu()
+    return total

@@ -115,6 +115,8 @@ class RidgeFillRuntime:
         if value_rescale is not None and arm == "nofill":
             raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
         use_policy = policy if (policy is not None and (params is None or params.exact_every is None)) else None
+        if use_policy is not None:
+            self.check_policy_inputs(use_policy)
         return RequestPlan(
             arm=arm,
             split=split,
@@ -128,6 +130,15 @@ class RidgeFillRuntime:
             policy_name=getattr(policy, "name", ""),
             maps_id=self.maps_id,
         )
+
+    def check_policy_inputs(self, policy) -> None:
+        """Refuse a policy whose selectors need what this server lacks (before any forward runs)."""
+        if getattr(policy, "needs_tokens", False) and self.token_table is None:
+            raise RequestParamError(f"policy {policy.name!r} selects by token class, but the server has no tokenizer")
+        if getattr(policy, "needs_token_counts", False) and self.token_counts is None:
+            raise RequestParamError(
+                f"policy {policy.name!r} needs token frequencies, but the maps folder has none (recalibrate)"
+            )
 
     @property
     def maps_id(self) -> str:
@@ -236,14 +247,14 @@ class RidgeFillRuntime:
             return ()
         return tuple(plan.policy.requirements)
 
-    def select_rows(self, fb: ForwardBatch, i: int, st: RequestState) -> torch.Tensor:
+    def select_rows(self, fb: ForwardBatch, i: int, st: RequestState, probes: dict) -> torch.Tensor:
         """The request's exact rows (sorted positions in ``[start, B)``), after its lower layers ran."""
         policy_rows = None
         if st.plan.policy is not None and st.plan.exact_every is None:
-            policy_rows = self._policy_rows(fb, i, st)
+            policy_rows = self._policy_rows(fb, i, st, probes)
         return selection.exact_rows_for(st, policy_rows)
 
-    def _policy_rows(self, fb: ForwardBatch, i: int, st: RequestState) -> torch.Tensor:
+    def _policy_rows(self, fb: ForwardBatch, i: int, st: RequestState, probes: dict) -> torch.Tensor:
         from ..selectors.base import AttentionRequirement, SelectionInputs
 
         attention = {}
@@ -252,7 +263,7 @@ class RidgeFillRuntime:
         pool = self.attn_backend().token_to_kv_pool
         for req in self.requirements(st.plan):
             if not isinstance(req, AttentionRequirement):
-                raise RequestParamError(f"this runtime cannot compute {type(req).__name__} yet")
+                continue
             lo, hi = selection.query_window(req.query, req.q, st.num_tokens, st.boundary)
             total = torch.zeros(st.boundary, dtype=torch.float32)
             for layer_id in req.layers:
@@ -272,7 +283,7 @@ class RidgeFillRuntime:
             tokens=self.token_table,
             token_counts=self.token_counts,
             attention=attention,
-            probe={},
+            probe=probes,
         )
         return st.plan.policy.select(inputs)
 

@@ -25,11 +25,12 @@ def query_window(kind: str, q: int, num_tokens: int, boundary: int) -> tuple[int
     raise ValueError(f"unknown query window {kind!r}")
 
 
-def random_rows(count: int, lo: int, hi: int, seed: int) -> torch.Tensor:
-    """``count`` distinct rows drawn uniformly from ``[lo, hi)`` with a per-request seed, sorted."""
-    count = max(0, min(count, hi - lo))
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randperm(hi - lo, generator=gen)[:count] + lo).sort().values
+def random_rows_between(count: int, lo: int, hi: int, seed: int) -> torch.Tensor:
+    """The random-rows control over the rows ``[lo, hi)`` this request computes (the selectors' draw,
+    shifted past a radix-cache hit), sorted."""
+    from ..selectors.registry import random_rows
+
+    return random_rows(max(0, count), max(0, hi - lo), seed) + lo
 
 
 def every_kth_row(k: int, lo: int, hi: int) -> torch.Tensor:
@@ -38,17 +39,25 @@ def every_kth_row(k: int, lo: int, hi: int) -> torch.Tensor:
 
 
 def attention_received(
-    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float, *, block: int = 2048
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    *,
+    k_pos: torch.Tensor | None = None,
+    block: int = 2048,
 ) -> torch.Tensor:
     """Attention every key row receives from the queries, summed over query rows and heads.
 
-    ``q``: ``[n_q, q_heads, d]``, ``k``: ``[n_k, kv_heads, d]`` (key row j sits at position j), ``q_pos``: ``[n_q]``.
-    Two passes over key blocks (log-sum-exp, then sums): memory ``O(n_q · heads · block)``. Returns ``[n_k]``
-    float32.
+    ``q``: ``[n_q, q_heads, d]``, ``k``: ``[n_k, kv_heads, d]`` at positions ``k_pos`` (default ``0..n_k-1``),
+    ``q_pos``: ``[n_q]``; each query's softmax runs over the keys at or before its position. Two passes over
+    key blocks (``kernels/attention_stats.py``): memory ``O(n_q · heads · block)``. Returns ``[n_k]`` float32.
     """
     from ..kernels.attention_stats import attention_received as kernel
 
-    return kernel(q, k, q_pos, torch.arange(k.shape[0], device=k.device), scale, block=block)
+    if k_pos is None:
+        k_pos = torch.arange(k.shape[0], device=k.device)
+    return kernel(q, k, q_pos.to(k.device), k_pos.to(k.device), scale, block=block)
 
 
 def exact_rows_for(state: RequestState, policy_rows: torch.Tensor | None) -> torch.Tensor:
@@ -62,5 +71,5 @@ def exact_rows_for(state: RequestState, policy_rows: torch.Tensor | None) -> tor
     else:
         rows = torch.empty(0, dtype=torch.long)
     if plan.control == "random":
-        rows = random_rows(int(rows.numel()), lo, hi, plan.seed)
+        rows = random_rows_between(int(rows.numel()), lo, hi, plan.seed)
     return rows

@@ -7,7 +7,7 @@ import pytest
 
 from sgl_ridgefill.calibration import CalibrationError, builtin_corpus, folder_corpus
 from sgl_ridgefill.calibration import corpus as corpus_module
-from sgl_ridgefill.calibration.corpus import Corpus, Document, Source, iter_pieces, pick_heldout
+from sgl_ridgefill.calibration.corpus import Corpus, Document, Mixer, Source, iter_pieces, pick_heldout
 
 
 def _doc(doc_id, source, size=100):
@@ -60,6 +60,29 @@ def test_order_is_deterministic_and_follows_the_weights():
     head = first[:40]  # while every source still has documents, prose gets half
     assert sum(i.startswith("p") for i in head) == 20
     assert sum(i.startswith("c") for i in head) == 10
+
+
+def test_mixer_balances_sources_by_tokens_read_and_skips_ids():
+    """A source of long documents (a book each) still gets only its share of what is read."""
+    sources = (
+        Source("books", "", 0.4, tuple(_doc(f"b{i}", "books", 5000) for i in range(10))),
+        Source("code", "", 0.6, tuple(_doc(f"c{i}", "code", 300) for i in range(100))),
+    )
+    corpus = Corpus("mix", sources)
+    read: dict[str, int] = {}
+    mixer = Mixer(corpus, 0, read, skip={"b0", "c0"})
+    picked = []
+    while sum(read.values()) < 50_000:
+        doc = mixer.next()
+        picked.append(doc.id)
+        read[doc.source] = read.get(doc.source, 0) + doc.size
+    assert "b0" not in picked and "c0" not in picked
+    share = read["books"] / sum(read.values())
+    assert abs(share - 0.4) < 0.1
+    again = Mixer(corpus, 0, {}, skip={"b0", "c0"})
+    assert again.next().id == picked[0]
+    rest = Mixer(corpus, 0, {}, skip={d.id for d in corpus.documents})
+    assert rest.next() is None
 
 
 def test_heldout_is_round_robin_over_sources_and_skips_unusable():

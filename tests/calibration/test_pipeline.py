@@ -53,6 +53,10 @@ def test_folder_loads_and_records_the_run(calibrated, tiny_model):
     assert calibration["longest_document_tokens"] == 256
     assert calibration["skipped_short_documents"] == 1  # tiny.txt
     assert calibration["corpus_exhausted"] is True
+    assert calibration["max_doc_pieces"] == 4
+    read = calibration["corpus"]["read"]["folder"]
+    assert read == {"documents": calibration["documents"], "tokens": calibration["tokens"]}
+    assert calibration["pieces"] <= 4 * calibration["documents"]
     assert calibration["corpus"]["sources"][0]["documents_available"] == 9
     assert calibration["documents"] + calibration["heldout_documents"] + 1 == 9
     for split in ("1", "2"):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_ridgefill.runtime.selection import every_kth_row, random_rows
+from sgl_ridgefill.runtime.selection import every_kth_row
+from sgl_ridgefill.selectors.registry import random_rows
 from tests.engine.conftest import SPLIT, assert_top_close
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
@@ -42,7 +43,7 @@ def _scenario():
         ("cache_hit", request(pq), dict(ids=pq, start="cached")),
         ("bad_param", request(a, {"arm": "bogus"}), dict(error="arm")),
         ("random_rows", request(r, {"exact_every": 7, "control": "random", "seed": 3}),
-         dict(ids=r, exact_rows=random_rows(len(every_kth_row(7, 0, N - TAIL)), 0, N - TAIL, 3).tolist())),
+         dict(ids=r, exact_rows=random_rows(len(every_kth_row(7, 0, N - TAIL)), N - TAIL, 3).tolist())),
         ("repeat", request(a), dict(ids=a)),
         ("no_insert_rf", request(x), dict(ids=x)),
         ("no_insert_exact", request(x, {"enabled": False}), dict(ids=x, arm="exact")),

@@ -109,3 +109,54 @@ class Reference:
             x = x + layer.self_attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return m.lm_head(m.model.norm(x[-1:]))[0].float()
+
+    @torch.no_grad()
+    def attention_received(self, ids: list[int], layers, q_rows: range) -> torch.Tensor:
+        """Attention every row receives in the exact model from the queries at ``q_rows``, summed over
+        heads, those queries and ``layers`` (lower layers, where every row is exact): ``[N]``."""
+        hs = self.m(torch.tensor(ids)[None], output_hidden_states=True).hidden_states
+        n = len(ids)
+        pos = torch.arange(n)
+        total = torch.zeros(n)
+        rows = torch.tensor(list(q_rows))
+        for layer_id in layers:
+            q, _, _ = self._qkv(layer_id, hs[layer_id][0][rows], pos[rows])
+            _, k, _ = self._qkv(layer_id, hs[layer_id][0], pos)
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q, k) * self.head_dim**-0.5
+            scores = scores.masked_fill(~(pos[None, :] <= rows[:, None])[None], float("-inf"))
+            total += scores.softmax(-1).sum(dim=(0, 1))
+        return total
+
+    @torch.no_grad()
+    def probe_scores(self, ids: list[int], *, split: int, tail: int, rows: int, arm: str = "ridgefill", maps=None) -> torch.Tensor:
+        """The probe: the last ``rows`` rows run the exact upper layers over the filled prefix (the rest of
+        the tail not yet there); attention each prefix row receives, summed over heads, probe rows and
+        upper layers: ``[N - tail]``."""
+        hs = self.m(torch.tensor(ids)[None], output_hidden_states=True).hidden_states
+        n = len(ids)
+        boundary = n - tail
+        x_split = hs[split][0]
+        pos = torch.arange(n)
+        probe = torch.arange(n - rows, n)
+        prefix = torch.arange(boundary)
+        x = x_split[probe].clone()
+        total = torch.zeros(boundary)
+        group = self.n_heads // self.n_kv
+        for layer_id in range(split, len(self.layers)):
+            j = layer_id - split
+            layer = self.layers[layer_id]
+            x_hat = x_split[prefix] if arm == "identity" else x_split[prefix] @ maps[0][j].T + maps[1][j]
+            _, kf, vf = self._qkv(layer_id, x_hat, pos[prefix])
+            q, k, v = self._qkv(layer_id, x, pos[probe])
+            keys = torch.cat([kf, k]).repeat_interleave(group, dim=1)
+            vals = torch.cat([vf, v]).repeat_interleave(group, dim=1)
+            key_pos = torch.cat([pos[prefix], pos[probe]])
+            scores = torch.einsum("qhd,khd->hqk", q, keys) * self.head_dim**-0.5
+            scores = scores.masked_fill(~(key_pos[None, :] <= pos[probe][:, None])[None], float("-inf"))
+            probs = scores.softmax(-1)
+            total += probs[:, :, :boundary].sum(dim=(0, 1))
+            out = torch.einsum("hqk,khd->qhd", probs, vals).reshape(len(probe), -1)
+            x = x + layer.self_attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return total

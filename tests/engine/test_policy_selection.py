@@ -1,0 +1,81 @@
+"""Selection wired into the runtime: the rows a policy selects are the rows the fill computes exactly.
+
+A server policy selects by attention (lower layers, last query tokens) or by the probe (exact upper layers
+of the last rows over the filled cache). The test recomputes those statistics in plain PyTorch, takes the
+same top rows, and checks the engine's output against the oracle with exactly those rows exact; the same
+count of random rows is the control.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_ridgefill.selectors.registry import random_rows
+from tests.engine.conftest import SPLIT, assert_top_close
+from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
+
+pytestmark = pytest.mark.engine
+TAIL, N, Q, PROBE = 20, 150, 8, 8
+BOUNDARY = N - TAIL
+COUNT = round(0.10 * BOUNDARY)
+
+POLICIES = {
+    "attention": f"""
+policy "tiny-attention" {{
+  arm ridgefill
+  split {SPLIT}
+  tail {TAIL}
+  select attention_topk(q={Q}, share=10%, layers=[0, 1])
+}}
+""",
+    "probe": f"""
+policy "tiny-probe" {{
+  arm ridgefill
+  split {SPLIT}
+  tail {TAIL}
+  select top(probe(rows={PROBE}), 10%)
+}}
+""",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(POLICIES))
+def run(request, tiny_models, tmp_path_factory):
+    model = tiny_models("llama")
+    path = tmp_path_factory.mktemp("policy") / f"{request.param}.rfpolicy"
+    path.write_text(POLICIES[request.param])
+    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir), "RIDGEFILL_POLICY": str(path)}
+    prompts = [prompt(60 + s, N) for s in range(3)]
+    steps = [request_for(p) for p in prompts[:2]] + [
+        request(prompts[2], {"control": "random", "seed": 5}),
+    ]
+    return request.param, model, prompts, run_engine(cpu_engine_kwargs(model.path), steps, env)
+
+
+def request_for(ids):
+    return request(ids, {})
+
+
+def _selected(kind, model, ids) -> list[int]:
+    if kind == "attention":
+        scores = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(N - Q, N))[:BOUNDARY]
+    else:
+        scores = model.ref.probe_scores(ids, split=SPLIT, tail=TAIL, rows=PROBE, maps=model.maps)
+    return sorted(torch.topk(scores, COUNT).indices.tolist())
+
+
+def test_policy_rows_are_the_exact_rows(run):
+    kind, model, prompts, results = run
+    for ids, got in zip(prompts[:2], results[:2]):
+        rows = _selected(kind, model, ids)
+        assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, exact_rows=rows))
+        # and not just any rows: without them the output differs
+        plain = model.expected_top(ids, split=SPLIT, tail=TAIL)
+        assert abs(plain[0][0] - got["top"][0][0]) > 1e-4
+
+
+def test_random_control_uses_as_many_rows(run):
+    kind, model, prompts, results = run
+    rows = random_rows(COUNT, BOUNDARY, 5).tolist()
+    assert_top_close(results[2], model.expected_top(prompts[2], split=SPLIT, tail=TAIL, exact_rows=rows))
