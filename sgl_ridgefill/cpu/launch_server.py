@@ -2,7 +2,8 @@
 
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
-the PyTorch sampler), then runs ``python -m sglang.launch_server`` with everything else passed through.
+the PyTorch sampler, ``--sleep-on-idle``), then runs ``python -m sglang.launch_server`` with everything else
+passed through.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from .environment import CPU_SERVER_ARGS, cpu_environment
 
 
 def cpu_flags(argv: list[str]) -> list[str]:
-    """``argv`` plus every CPU default whose flag ``argv`` does not already set."""
+    """``argv`` plus every CPU default whose flag ``argv`` does not already set (``True`` defaults are
+    switches: the flag alone)."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     out = list(argv)
     for key, value in CPU_SERVER_ARGS.items():
         flag = "--" + key.replace("_", "-")
-        if flag not in given:
-            out += [flag, str(value)]
+        if flag in given or value is False or value is None:
+            continue
+        out += [flag] if value is True else [flag, str(value)]
     return out
 
 

@@ -77,7 +77,11 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     req_row = fb.req_pool_indices[i]
     req_to_token = rt.req_to_token()
     device = fb.input_ids.device
-    probes = {req: run_probe(rt, fb, i, st, req.rows) for req in rt.requirements(plan) if hasattr(req, "rows")}
+    from ..selectors.base import ProbeRequirement
+
+    probes = {
+        req: run_probe(rt, fb, i, st, req.rows) for req in rt.requirements(plan) if isinstance(req, ProbeRequirement)
+    }
     exact = rt.select_rows(fb, i, st, probes)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])

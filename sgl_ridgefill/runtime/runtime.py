@@ -77,20 +77,32 @@ class RidgeFillRuntime:
         params = parse_request_params(custom_params)
         if params is not None and params.wants_exact:
             return None
-        policy = self.policy
+        named = None
         if params is not None and params.policy is not None:
-            policy = self.policies.get(params.policy)
-            if policy is None:
+            named = self.policies.get(params.policy)
+            if named is None:
                 raise RequestParamError(
                     f'custom_params["ridgefill"]["policy"]: unknown policy {params.policy!r}; '
                     f"this server has {', '.join(sorted(self.policies)) or 'none'}"
                 )
+        policy = named or self.policy
         cfg = self.config
-        arm = (params and params.arm) or cfg.arm or (policy.arm if policy is not None else None) or "ridgefill"
+
+        # Request value, else the policy the request named, else the server flag, else the server policy.
+        sources = (params, named) if named is not None else (params, cfg, self.policy)
+
+        def pick(name: str):
+            for source in sources:
+                value = getattr(source, name, None) if source is not None else None
+                if value is not None:
+                    return value
+            return None
+
+        arm = pick("arm") or "ridgefill"
         if arm == "exact":
             return None
-        split = (params and params.split) or cfg.split or (policy.split if policy is not None else None) or self.default_split
-        tail = (params and params.tail) or cfg.tail or (policy.tail if policy is not None else None) or DEFAULT_TAIL
+        split = pick("split") or self.default_split
+        tail = pick("tail") or DEFAULT_TAIL
         num_layers = self.adapter.shape.num_layers
         if split is None:
             raise RequestParamError("no split layer: pass --ridgefill-split, a policy with a split, or a maps folder")
@@ -121,7 +133,7 @@ class RidgeFillRuntime:
             arm=arm,
             split=split,
             tail=tail,
-            cache_mode=cfg.cache_mode or (policy.cache_mode if policy is not None else None) or "no_insert",
+            cache_mode=pick("cache_mode") or "no_insert",
             exact_every=params.exact_every if params is not None else None,
             control=params.control if params is not None else "none",
             value_rescale=value_rescale,

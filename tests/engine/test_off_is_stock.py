@@ -37,12 +37,13 @@ def runs(family, tiny_models):
               "RIDGEFILL_SPLIT": str(SPLIT), "RIDGEFILL_TAIL": "20"}
     out = {}
     if family == "llama":
-        native = cpu_engine_kwargs(model.path, attention_backend="torch_native")
+        native = cpu_engine_kwargs(model.path, attention_backend="torch_native", disable_radix_cache=True)
         out["stock_torch_native"] = run_engine(native, _steps(None), plugins="smg-servicer")
         out["plugin_off_torch_native"] = run_engine(native, _steps(None))
         # An unsupported configuration (a backend that cannot run exact rows) runs every request exactly.
         out["on_unsupported_backend"] = run_engine(native, _steps({}), rf_env)
-    rf_backend = cpu_engine_kwargs(model.path)
+    # No radix cache: a prompt seen before would extend from cached rows, which rounds differently.
+    rf_backend = cpu_engine_kwargs(model.path, disable_radix_cache=True)
     out["plugin_off"] = run_engine(rf_backend, _steps(None))
     on = run_engine(rf_backend, _steps({"enabled": False}) + _steps({"split": NUM_LAYERS}) + _steps({}), rf_env)
     n = len(PROMPTS)

@@ -1,0 +1,39 @@
+"""The CPU server setup: launcher defaults (``--sleep-on-idle``) and the intra-op thread count."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sgl_ridgefill.cpu.environment import CPU_SERVER_ARGS, cpu_environment, server_cli_args, usable_cores
+from sgl_ridgefill.cpu.launch_server import cpu_flags
+
+
+def test_launcher_adds_sleep_on_idle_as_a_switch():
+    argv = cpu_flags(["--model-path", "m"])
+    assert argv.count("--sleep-on-idle") == 1
+    after = argv[argv.index("--sleep-on-idle") + 1 :]
+    assert not after or after[0].startswith("--")  # a store_true flag takes no value
+    assert argv[argv.index("--attention-backend") + 1] == "ridgefill_cpu"
+
+
+def test_launcher_keeps_the_callers_flags():
+    argv = cpu_flags(["--attention-backend=torch_native", "--sleep-on-idle"])
+    assert argv.count("--sleep-on-idle") == 1
+    assert "--attention-backend" not in argv and "--attention-backend=torch_native" in argv
+
+
+def test_server_cli_args_match_the_launcher():
+    assert "--sleep-on-idle" in server_cli_args() and CPU_SERVER_ARGS["sleep_on_idle"] is True
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity (Linux)")
+def test_threads_follow_the_cpu_affinity():
+    assert usable_cores() == len(os.sched_getaffinity(0))
+    assert cpu_environment({})["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+def test_threads_given_or_inherited():
+    assert cpu_environment({"OMP_NUM_THREADS": "1"})["OMP_NUM_THREADS"] == "1"
+    assert cpu_environment({"OMP_NUM_THREADS": "1"}, threads=3)["OMP_NUM_THREADS"] == "3"
