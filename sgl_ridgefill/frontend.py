@@ -20,6 +20,7 @@ the same parameters::
     @sgl.function
     def answer_two(s, document):
         s += document
+        s.sync()                                # see "Limits" below
         forks = s.fork(2)                       # caches `document` in the RidgeFill namespace
         for i, f in enumerate(forks):
             f += f"\\nQuestion {i}: ..." + sgl.gen("answer", max_tokens=64)   # reuses it
@@ -37,12 +38,15 @@ The parameters are those of ``custom_params["ridgefill"]`` (:mod:`sgl_ridgefill.
 ``seed``); ``None`` sends none and the server's policy applies. They are checked when given, so a typo
 fails before any request. An override's fields replace the endpoint's and keep the rest.
 
-Limits. Overrides live in a ``contextvars`` context. ``run()`` (not streaming) creates the program's
-executors, forks included, inside the caller's context, so they see the override; ``run_batch`` and
-``run(stream=True)`` run the program in threads that SGLang starts without the caller's context, so there
-the override is lost: pass ``backend=endpoint.with_ridgefill(...)`` instead. ``sgl.select`` scores
-choices with prompt logprobs, which would read filled rows; the server runs those requests exactly, so
-they never reuse (or add to) the RidgeFill namespace.
+Limits. SGLang's ``s.fork(n)`` sends its prefix-caching request only if the parent's worker thread has
+already applied the text before it; ``s.sync()`` first makes sure the prefix is filled once and shared,
+rather than computed by every branch. Overrides live in a ``contextvars`` context. ``run()`` (not
+streaming) runs the program body in the caller's thread, so every executor it creates, forks included,
+sees the override. SGLang starts the threads of ``run_batch`` (whole programs) and ``run(stream=True)``
+(the body, where forks are made) without the caller's context: there the override is lost, for the forks
+alone in the streaming case, so pass ``backend=endpoint.with_ridgefill(...)`` instead.
+``sgl.select`` scores choices with prompt logprobs, which would read filled rows; the server runs those
+requests exactly, so they never reuse (or add to) the RidgeFill namespace.
 
 How the parameters get in: each ``/generate`` POST of ``RuntimeEndpoint`` goes through the module global
 ``sglang.lang.backend.runtime_endpoint.http_request``. The first endpoint wraps that global once; the
@@ -60,7 +64,7 @@ import functools
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang.lang.backend import runtime_endpoint as _host
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -68,6 +72,11 @@ from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from .config import ARMS
 from .patches import NAMESPACE_MARK
 from .request_params import KEY, RequestParamError, parse_request_params
+
+if TYPE_CHECKING:
+    from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
+    from sglang.lang.interpreter import StreamExecutor
+    from sglang.lang.ir import SglSamplingParams
 
 __all__ = ["RidgeFillEndpoint", "ridgefill"]
 
@@ -251,19 +260,19 @@ class RidgeFillEndpoint(RuntimeEndpoint):
         with self._sending("cache_prefix"):
             super().cache_prefix(prefix_str)
 
-    def commit_lazy_operations(self, s: Any) -> None:
+    def commit_lazy_operations(self, s: StreamExecutor) -> None:
         with self._sending("commit_lazy_operations"):
             super().commit_lazy_operations(s)
 
-    def fill_image(self, s: Any) -> None:
+    def fill_image(self, s: StreamExecutor) -> None:
         with self._sending("fill_image"):
             super().fill_image(s)
 
-    def generate(self, s: Any, sampling_params: Any) -> Any:
+    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> tuple[str, dict]:
         with self._sending("generate"):
             return super().generate(s, sampling_params)
 
-    def generate_stream(self, s: Any, sampling_params: Any) -> Iterator[Any]:
+    def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         chunks = super().generate_stream(s, sampling_params)
         # The POST happens at the first ``next``; the context is set only around it, never across a yield.
         with self._sending("generate_stream"):
@@ -273,6 +282,8 @@ class RidgeFillEndpoint(RuntimeEndpoint):
         yield first
         yield from chunks
 
-    def select(self, s: Any, choices: list[str], temperature: float, choices_method: Any) -> Any:
+    def select(
+        self, s: StreamExecutor, choices: list[str], temperature: float, choices_method: ChoicesSamplingMethod
+    ) -> ChoicesDecision:
         with self._sending("select"):
             return super().select(s, choices, temperature, choices_method)

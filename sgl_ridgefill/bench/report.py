@@ -83,6 +83,7 @@ def plot(path: pathlib.Path, records: Sequence[Record], summaries: Sequence[Leng
     ax_t.set_xlabel("prompt tokens")
     ax_t.set_ylabel("TTFT (s)")
     ax_t.set_xscale("log", base=2)
+    ax_t.set_xticks(lengths, [str(n) for n in lengths])
     ax_t.legend()
     ax_t.grid(alpha=0.3)
 
@@ -95,6 +96,7 @@ def plot(path: pathlib.Path, records: Sequence[Record], summaries: Sequence[Leng
     ax_s.set_xlabel("prompt tokens")
     ax_s.set_ylabel("speedup over exact (x)")
     ax_s.set_xscale("log", base=2)
+    ax_s.set_xticks(lengths, [str(n) for n in lengths])
     ax_s.legend()
     ax_s.grid(alpha=0.3)
     if title:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
+
+from ..kernels.map_apply import apply_map
 
 logger = logging.getLogger(__name__)
 
@@ -37,5 +38,5 @@ class MapsStore:
         """``x̂_l = A_l x_S + b_l``; ``x_split``: ``[rows, d_in]`` -> ``[rows, d_out]`` in ``x_split``'s dtype."""
         a, b = self._maps[split]
         j = layer_id - split
-        out = F.linear(x_split.to(self.dtype), a[j], b[j])
-        return out.to(x_split.dtype)
+        # Triton kernel on CUDA, the PyTorch reference (float32 accumulation) elsewhere.
+        return apply_map(x_split, a[j], b[j])

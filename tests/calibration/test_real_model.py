@@ -28,7 +28,7 @@ def test_ridge_maps_beat_identity_fill_on_held_out_text(tmp_path):
     folder = load_maps(result.out_dir)
     entry = folder.manifest["splits"]["15"]
     scores = entry["heldout"]
-    assert scores["rows"] == 3 * 512
+    assert scores["rows"] == folder.manifest["calibration"]["heldout_tokens"] <= 3 * 512
     assert scores["mean_r2"] > scores["mean_r2_identity"]
     deep = scores["layers"]["29"]
     assert deep["r2"] > deep["r2_identity"]

@@ -13,7 +13,8 @@ import torch
 
 from sgl_ridgefill.selectors.registry import random_rows
 from tests.engine.conftest import SPLIT, assert_top_close
-from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
+from tests.support.engines import cpu_engine_kwargs, prompt, run_engine
+from tests.support.engines import request as make_request
 
 pytestmark = pytest.mark.engine
 TAIL, N, Q, PROBE = 20, 150, 8, 8
@@ -47,14 +48,8 @@ def run(request, tiny_models, tmp_path_factory):
     path.write_text(POLICIES[request.param])
     env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir), "RIDGEFILL_POLICY": str(path)}
     prompts = [prompt(60 + s, N) for s in range(3)]
-    steps = [request_for(p) for p in prompts[:2]] + [
-        request(prompts[2], {"control": "random", "seed": 5}),
-    ]
+    steps = [make_request(p, {}) for p in prompts[:2]] + [make_request(prompts[2], {"control": "random", "seed": 5})]
     return request.param, model, prompts, run_engine(cpu_engine_kwargs(model.path), steps, env)
-
-
-def request_for(ids):
-    return request(ids, {})
 
 
 def _selected(kind, model, ids) -> list[int]:

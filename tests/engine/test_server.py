@@ -75,7 +75,8 @@ def test_namespace_mode_shares_filled_kv_only_among_ridgefill(server):
     first = _top(_generate(url, ids, {}))
     second = _top(_generate(url, ids, {}))
     assert first["cached"] == 0 and second["cached"] >= 140  # filled KV reused within the namespace
-    assert second["top"] == first["top"]
+    # The reused rows are the same filled KV; the last row, extended alone, rounds a little differently.
+    assert_top_close(second, [tuple(t) for t in first["top"]], atol=1e-4)
     exact = _top(_generate(url, ids, {"enabled": False}))
     assert exact["cached"] == 0  # the exact request never sees the namespace
     assert_top_close(exact, model.expected_top(ids, split=SPLIT, tail=TAIL, arm="exact"))
