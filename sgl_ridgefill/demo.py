@@ -53,7 +53,7 @@ def build_prompt(tokenizer, n_tokens: int, depth: float, seed: int) -> tuple[lis
     code = str(rng.randint(1_000_000, 9_999_999))
     needle = tokenizer.encode(" " + NEEDLE.format(code=code) + " ", add_special_tokens=False)
     question = tokenizer.encode(QUESTION, add_special_tokens=False)
-    docs = [d for d in builtin_corpus().documents if d.source == "bible-kjv"] or builtin_corpus().documents
+    docs = [d for d in builtin_corpus().documents if d.source == "kjv"] or builtin_corpus().documents
     rng.shuffle(docs)
     hay: list[int] = []
     budget = n_tokens - len(needle) - len(question)
