@@ -70,8 +70,11 @@ def build_prompt(tokenizer, n_tokens: int, depth: float, seed: int) -> tuple[lis
 
 
 def _stream_ttft(url: str, ids: list[int], ridgefill: dict, max_new_tokens: int) -> tuple[float, str]:
+    """TTFT and answer of one streamed request, after emptying the radix cache so that neither arm reuses
+    the other's prefill."""
     import requests
 
+    requests.post(url + "/flush_cache", timeout=60)
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "custom_params": {"ridgefill": ridgefill}}}
     t0 = time.perf_counter()
@@ -121,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
     with running_server(flags, log_path=cache / "demo-server.log") as url:
         _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill")
         _stream_ttft(url, ids[:256], {"enabled": False}, 1)
-        exact_ttft, exact_text = _stream_ttft(url, ids, {"enabled": False}, args.max_new_tokens)
         rf_ttft, rf_text = _stream_ttft(url, ids, {}, args.max_new_tokens)
+        exact_ttft, exact_text = _stream_ttft(url, ids, {"enabled": False}, args.max_new_tokens)
     _stage(6, n, "results")
     shape = RidgeFillShape(num_tokens=len(ids), split=args.split, tail=args.tail)
     bound = layer_pass_bound(shape, num_layers)

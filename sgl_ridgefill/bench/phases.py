@@ -1,6 +1,6 @@
 """Where a prefill's time goes: a ``py-spy record --format raw`` profile of the scheduler, by phase.
 
-    py-spy record --pid SCHEDULER_PID -r 20 -d 120 --format raw -o prof.txt    # while a request runs
+    py-spy record --pid SCHEDULER_PID --idle -r 20 -d 120 --format raw -o prof.txt    # while a request runs
     python -m sgl_ridgefill.bench.phases prof.txt
 
 Each sample of the scheduler's main thread is put in one phase by the innermost RidgeFill pass on its
@@ -8,6 +8,10 @@ stack (``lower_pass``, ``fill_pass``, ``upper_pass``; an exact request's forward
 kind by the innermost known module below it (attention backend, linear layer, SGLang's native norm /
 activation / RoPE ops, residual bookkeeping, the fill's map and K/V). Samples of other threads are
 dropped (py-spy also samples idle helper threads). Shares are of the main thread's samples.
+
+Record with ``--idle``: without it py-spy drops the samples where the main thread sleeps, and with
+``OMP_WAIT_POLICY=PASSIVE`` (``sgl_ridgefill.cpu.environment``) the main thread sleeps whenever it waits
+for the other intra-op threads at the end of a parallel region, so that time would vanish from the profile.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("LlamaModel.forward", "exact forward"),
     ("Qwen3Model.forward", "exact forward"),
     ("LogitsProcessor.forward", "logits"),
+    ("IdleSleeper.maybe_sleep", "idle (waiting for a request)"),
 )
 # (frame function name, kind), innermost match wins.
 KINDS: tuple[tuple[str, str], ...] = (
@@ -58,13 +63,13 @@ def _innermost(frames: Sequence[str], table: tuple[tuple[str, str], ...]) -> str
 
 
 def is_main_thread(frames: Sequence[str]) -> bool:
-    """With ``--threads`` the first frame names the thread; without it, helper threads start in
-    ``Thread._bootstrap`` and the main thread does not."""
+    """With ``--threads`` the first frame names the thread; without it, helper threads run under
+    ``Thread._bootstrap`` (below native frames with ``--native``) and the main thread does not."""
     if not frames:
         return False
     if frames[0].startswith("thread ("):
         return "MainThread" in frames[0]
-    return not frames[0].startswith("Thread._bootstrap")
+    return not any(f.startswith("Thread._bootstrap") for f in frames)
 
 
 def read_raw(lines: Iterable[str]) -> list[tuple[list[str], int]]:

@@ -38,6 +38,14 @@ def test_thread_labels_from_py_spy_threads_option():
     assert phase_table(read_raw(raw)) == {("lower layers", "other"): 3}
 
 
+def test_native_stacks_of_helper_threads_are_dropped():
+    raw = [
+        "0x7f2 (libc.so.6);<module> (<string>:1);lower_pass (passes.py:48);0x7f3 (libgomp.so.1) 5",
+        "0x7f2 (libc.so.6);Thread._bootstrap (threading.py:1002);Condition.wait (threading.py:331);clock_nanosleep (libc.so.6) 7",
+    ]
+    assert phase_table(read_raw(raw)) == {("lower layers", "other"): 5}
+
+
 def test_bad_profile_line():
     with pytest.raises(ValueError, match=r"^not a py-spy raw profile line: 'garbage'$"):
         read_raw(["garbage"])
