@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeServer:
-    def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False):
+    def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False, stream_tail_s: float = 0.0):
         self.model_path = model_path
+        self.stream_tail_s = stream_tail_s
         self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
         self.abort = abort
         self.log: list[tuple] = []  # ("flush",) or ("generate", arm, ids, params)
@@ -82,6 +83,17 @@ class FakeServer:
                     fake.log.append(("generate", arm, ids, params))
                 time.sleep(fake.exact_s if arm == "exact" else fake.ridgefill_s)
                 finish = {"type": "abort", "message": "RidgeFill: bad"} if fake.abort else {"type": "length", "length": 1}
-                self._send(200, {"output_ids": [7], "meta_info": {"cached_tokens": cached, "finish_reason": finish}})
+                payload = {"output_ids": [7], "meta_info": {"cached_tokens": cached, "finish_reason": finish}}
+                if body.get("stream"):
+                    # Server-sent events, as SGLang streams them: the first chunk, then a slow tail.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(fake.stream_tail_s)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return
+                self._send(200, payload)
 
         return Handler

@@ -89,6 +89,15 @@ def test_without_flush_the_cache_hits_are_reported(model_dir):
     assert s.cache_hits == 2
 
 
+def test_stream_times_the_first_chunk(model_dir):
+    # The stream's tail (0.3 s) comes after the first chunk and must not count.
+    with FakeServer(str(model_dir), exact_s=0.1, ridgefill_s=0.05, stream_tail_s=0.3) as fake:
+        cfg = BenchConfig(lengths=(16,), vocab_size=5000, pairs=1, warmup=0, stream=True)
+        records, (s,) = run_bench(BenchClient(fake.url), cfg, DIMS)
+    by_arm = {r.arm: r.seconds for r in records}
+    assert 0.1 <= by_arm["exact"] < 0.3 and 0.05 <= by_arm["ridgefill"] < 0.25
+
+
 def test_aborted_request_is_an_error(model_dir):
     with FakeServer(str(model_dir), exact_s=0.0, ridgefill_s=0.0, abort=True) as fake:
         with pytest.raises(ServerError, match=r"request aborted: RidgeFill: bad$"):
