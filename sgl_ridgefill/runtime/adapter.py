@@ -120,16 +120,3 @@ class ModelAdapter:
         dummy_q = k.new_zeros((rows, d))
         _, k = attn.rotary_emb(positions, dummy_q, k.contiguous())
         return k.reshape(rows, self.shape.num_kv_heads, d)
-
-    def query(self, layer_id: int, positions: torch.Tensor, x_in: torch.Tensor) -> torch.Tensor:
-        """Q of layer ``layer_id`` for rows with input ``x_in``: ``[rows, q_heads, head_dim]`` after RoPE."""
-        attn = self.layers[layer_id].self_attn
-        h = self.layers[layer_id].input_layernorm(x_in)
-        qkv, _ = attn.qkv_proj(h)
-        q, k, _ = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        if self.shape.has_qk_norm:
-            rows, d = q.shape[0], self.shape.head_dim
-            q = attn.q_norm(q.reshape(-1, d).contiguous()).reshape(rows, -1)
-            k = attn.k_norm(k.reshape(-1, d).contiguous()).reshape(rows, -1)
-        q, _ = attn.rotary_emb(positions, q.contiguous(), k.contiguous())
-        return q.reshape(q.shape[0], -1, self.shape.head_dim)

@@ -67,7 +67,3 @@ def hidden_rows(rid: str | None, layer_id: int) -> torch.Tensor | None:
     if entry is None or layer_id < entry[0]:
         return None
     return entry[1]
-
-
-def backend_supports_row_queries(backend: object) -> bool:
-    return bool(getattr(type(backend), "ridgefill_row_queries", False))

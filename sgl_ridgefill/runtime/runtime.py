@@ -173,10 +173,6 @@ class RidgeFillRuntime:
         with self._lock:
             return self._states.pop(rid, None)
 
-    @property
-    def num_tracked(self) -> int:
-        return len(self._states)
-
     # ----------------------------------------------------------------- forward (model thread)
     def _begin(self, st: RequestState, p0: int, hidden_size: int, dtype: torch.dtype, device) -> None:
         """First chunk of a request: note the cached prefix, decide whether anything is left to fill."""

@@ -100,7 +100,7 @@ def rows_subbatch(
     """Rows of request ``req`` at ``positions`` (ascending) over its context ``[0, seq_len)``.
 
     For contiguous rows ending at ``seq_len - 1`` this is an ordinary extend; otherwise only a backend with
-    row-query support (``attention_scope.backend_supports_row_queries``) attends correctly.
+    row-query support (``ridgefill_row_queries = True``, see ``attention_scope``) attends correctly.
     """
     n = int(positions.numel())
     dev = fb.seq_lens.device
