@@ -37,8 +37,8 @@ class PassTiming:
         total = self.forward_s + self.accumulate_s
         return {
             "tokens": self.tokens,
-            "forward_s": round(self.forward_s, 3),
-            "accumulate_s": round(self.accumulate_s, 3),
+            "forward_s": round(self.forward_s, 6),
+            "accumulate_s": round(self.accumulate_s, 6),
             "tokens_per_s": round(self.tokens / total, 1) if total else 0.0,
             "accumulate_overhead": round(self.accumulate_s / self.forward_s, 4) if self.forward_s else 0.0,
         }
