@@ -130,11 +130,17 @@ def _unsupported_request(recv_req: Any) -> str | None:
         return "multimodal input"
     if getattr(recv_req, "return_hidden_states", False):
         return "return_hidden_states"
-    if getattr(recv_req, "return_logprob", False):
-        start = getattr(recv_req, "logprob_start_len", -1)
-        if start is not None and start != -1 and start < len(recv_req.input_ids) - 1:
-            return "prompt logprobs (logprob_start_len) would read filled rows"
     return None
+
+
+def _prompt_logprob_start(recv_req: Any) -> int | None:
+    """The first prompt row whose logprob the request wants, or ``None`` when it wants none but the last."""
+    if not getattr(recv_req, "return_logprob", False):
+        return None
+    start = getattr(recv_req, "logprob_start_len", -1)
+    if start is None or start == -1 or start >= len(recv_req.input_ids) - 1:
+        return None
+    return int(start)
 
 
 def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any):
@@ -153,7 +159,10 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     custom = getattr(sampling, "custom_params", None)
     error = plan = None
     try:
-        plan = rt.plan_request(recv_req.rid, custom, recv_req.input_ids, unsupported=_unsupported_request(recv_req))
+        plan = rt.plan_request(
+            recv_req.rid, custom, recv_req.input_ids, unsupported=_unsupported_request(recv_req),
+            logprob_start=_prompt_logprob_start(recv_req),
+        )
     except RequestParamError as e:
         error = str(e)
     if plan is not None and plan.cache_mode == "namespace":
@@ -161,6 +170,9 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     req = original(scheduler, recv_req, *args, **kwargs)
     if error is not None:
         req.set_finish_with_abort(f"RidgeFill: {error}")
+        # The aborted request keeps one input token; SGLang's later logprob_start_len check would
+        # replace this message with its own.
+        recv_req.logprob_start_len = -1
     elif plan is not None:
         req.skip_radix_cache_insert = True
         rt.admit(req.rid, plan, list(recv_req.input_ids))

@@ -16,6 +16,7 @@ from .config import ARMS
 
 KEY = "ridgefill"
 CONTROLS = ("none", "random")
+SPLICES = ("keys", "values", "both", "key_norm")
 
 
 class RequestParamError(ValueError):
@@ -44,13 +45,14 @@ class RequestParams:
     control: str = "none"  # "random": replace the selected rows by as many random rows
     value_rescale: int | None = None  # c; 0 turns the policy's correction off
     seed: int = 0
+    splice: str | None = None  # diagnostic (sgl-ridgefill eval): exact keys/values/both/key magnitude on filled rows
 
     @property
     def wants_exact(self) -> bool:
         return not self.enabled or self.arm == "exact"
 
 
-_FIELDS = {"enabled", "arm", "policy", "split", "tail", "exact_every", "control", "value_rescale", "seed"}
+_FIELDS = {"enabled", "arm", "policy", "split", "tail", "exact_every", "control", "value_rescale", "seed", "splice"}
 
 
 def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestParams | None:
@@ -94,4 +96,10 @@ def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestPara
                 f'custom_params["ridgefill"]["control"] must be one of {", ".join(CONTROLS)}, got {raw["control"]!r}'
             )
         kw["control"] = raw["control"]
+    if raw.get("splice") is not None:
+        if raw["splice"] not in SPLICES:
+            raise RequestParamError(
+                f'custom_params["ridgefill"]["splice"] must be one of {", ".join(SPLICES)}, got {raw["splice"]!r}'
+            )
+        kw["splice"] = raw["splice"]
     return RequestParams(**kw)

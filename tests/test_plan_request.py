@@ -66,6 +66,20 @@ def test_unsupported_request_runs_exact():
     assert plan(_runtime(), {}, unsupported="input_embeds") is None
 
 
+def test_prompt_logprobs_are_served_from_the_tail_only():
+    """Filled rows have no output: a request wanting their logprobs runs exact; the tail's are served."""
+    rt = _runtime()
+    assert plan(rt, {"tail": 1024}, logprob_start=4096 - 1024).logprob_start == 3072
+    assert plan(rt, {"tail": 1024}, logprob_start=3071) is None
+
+
+def test_splice_is_a_diagnostic_of_the_filled_arms():
+    assert plan(_runtime(), {"splice": "keys"}).splice == "keys"
+    assert plan(_runtime(), {"splice": "keys"}).namespace != plan(_runtime(), {}).namespace
+    with pytest.raises(RequestParamError, match="the nofill arm has none"):
+        plan(_runtime(), {"arm": "nofill", "splice": "values"})
+
+
 @pytest.mark.parametrize(
     "params, message",
     [

@@ -21,6 +21,7 @@ def test_absent_means_server_default():
         ({"arm": "nofill", "tail": 64, "seed": 3}, RequestParams(arm="nofill", tail=64, seed=3)),
         ({"exact_every": 5, "control": "random"}, RequestParams(exact_every=5, control="random")),
         ({"value_rescale": 0}, RequestParams(value_rescale=0)),
+        ({"splice": "key_norm"}, RequestParams(splice="key_norm")),
     ],
 )
 def test_valid(raw, expected):
@@ -43,7 +44,9 @@ def test_exact_wishes():
         ({"enabled": "no"}, 'custom_params["ridgefill"]["enabled"] must be true or false, got \'no\''),
         ({"control": "shuffle"}, 'custom_params["ridgefill"]["control"] must be one of none, random, got \'shuffle\''),
         ({"tial": 3}, "custom_params[\"ridgefill\"] has unknown key(s) 'tial'; known keys: arm, control, enabled, "
-                      "exact_every, policy, seed, split, tail, value_rescale"),
+                      "exact_every, policy, seed, splice, split, tail, value_rescale"),
+        ({"splice": "queries"}, 'custom_params["ridgefill"]["splice"] must be one of keys, values, both, key_norm, '
+                                "got 'queries'"),
         (3, 'custom_params["ridgefill"] must be an object, a boolean or an arm name, got 3'),
     ],
 )

@@ -28,6 +28,8 @@ class RequestPlan:
     policy: Any = None
     policy_name: str = ""
     maps_id: str = ""
+    logprob_start: int | None = None  # first prompt row whose logprob the request wants (tail rows only)
+    splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm" (eval splice tests)
 
     def __post_init__(self) -> None:
         assert self.arm in ("ridgefill", "identity", "nofill"), self.arm
@@ -44,7 +46,7 @@ class RequestPlan:
             map(
                 str,
                 (self.maps_id, self.arm, self.split, self.tail, self.exact_every, self.control, self.value_rescale,
-                 self.seed, getattr(self.policy, "identity", "")),
+                 self.seed, getattr(self.policy, "identity", ""), self.splice),
             )
         )
         return "rf:" + hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -79,6 +79,8 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     device = fb.input_ids.device
     from ..selectors.base import ProbeRequirement
 
+    if plan.splice is not None:
+        splice_prefix(rt, fb, i, st)
     probes = {
         req: run_probe(rt, fb, i, st, req.rows) for req in rt.requirements(plan) if isinstance(req, ProbeRequirement)
     }
@@ -103,7 +105,9 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     if plan.value_rescale:
         before_layer = rt.value_rescaler(st, exact, x_rows, n_exact=int(exact.numel()), req_row=req_row)
     out = passes.upper_pass(ad, upper_sub, split, x_rows, visible_keys=visible, before_layer=before_layer)
-    hidden[row0 + n - 1] = out[-1]
+    # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
+    first = max(boundary, p0)
+    hidden[row0 + first - p0 : row0 + n] = out[int(exact.numel()) + first - boundary :]
     n_new_prefix = max(boundary - st.start, 0)
     st.stats.update(
         prompt=big_n, cached=st.start, filled=n_new_prefix - int(exact.numel()) if plan.arm != "nofill" else 0,
@@ -116,6 +120,42 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     st.prefill_done = True
     st.tail_x = st.prefix_x = None
     st.queries.clear()
+
+
+def splice_prefix(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState) -> None:
+    """Diagnostic for the splice tests (``plan.splice``): the new prefix rows run the exact upper layers
+    (writing exact K/V), then every filled row's K/V is rewritten from the fill with exact keys
+    (``keys``), exact values (``values``), both (``both``), or the filled keys rescaled to the exact keys'
+    per-head norms (``key_norm``). Costs a full exact prefill of the prefix; normal requests never get here."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    ad, plan = rt.adapter, st.plan
+    split, device = plan.split, fb.input_ids.device
+    pos = torch.arange(st.start, st.boundary, dtype=torch.long)
+    if not pos.numel():
+        return
+    pos_d = pos.to(device)
+    slots = rt.req_to_token()[fb.req_pool_indices[i], pos_d].to(fb.out_cache_loc.dtype)
+    sub = rows_subbatch(
+        fb, i, input_ids=st.prompt_ids[pos].to(device), positions=pos_d.to(fb.positions.dtype),
+        out_cache_loc=slots, seq_len=st.num_tokens,
+    )
+    passes.upper_pass(ad, sub, split, st.prefix_x, final_norm=False)
+    pool = rt.attn_backend().token_to_kv_pool
+    loc = KVWriteLoc(slots, None, physical=fb.out_cache_loc_is_physical)
+    maps = rt.maps if plan.arm == "ridgefill" else None
+    for layer_id in range(split, ad.shape.num_layers):
+        x_hat = st.prefix_x if maps is None else maps.predict(split, layer_id, st.prefix_x)
+        k, v = ad.key_value(layer_id, pos_d.to(fb.positions.dtype), x_hat)
+        k_exact = pool.get_key_buffer(layer_id)[slots].to(k.dtype)
+        v_exact = pool.get_value_buffer(layer_id)[slots].to(v.dtype)
+        if plan.splice in ("keys", "both"):
+            k = k_exact
+        if plan.splice in ("values", "both"):
+            v = v_exact
+        if plan.splice == "key_norm":
+            k = k * (k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(k.dtype)
+        pool.set_kv_buffer(ad.layers[layer_id].self_attn.attn, loc, k.contiguous(), v.contiguous())
 
 
 def run_probe(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:

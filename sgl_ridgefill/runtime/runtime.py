@@ -72,8 +72,13 @@ class RidgeFillRuntime:
         prompt_ids: list[int],
         *,
         unsupported: str | None = None,
+        logprob_start: int | None = None,
     ) -> RequestPlan | None:
-        """The plan for a new request, or ``None`` to run it exactly. Raises ``RequestParamError``."""
+        """The plan for a new request, or ``None`` to run it exactly. Raises ``RequestParamError``.
+
+        ``logprob_start``: the first prompt row whose logprob the request wants (``None``: none but the
+        last). Filled rows have no output of their own, so a request that wants them runs exactly.
+        """
         params = parse_request_params(custom_params)
         if params is not None and params.wants_exact:
             return None
@@ -118,9 +123,17 @@ class RidgeFillRuntime:
                 )
         if split >= num_layers:
             return None  # nothing above the split: exact by definition
+        if unsupported is None and logprob_start is not None and logprob_start < len(prompt_ids) - tail:
+            unsupported = (
+                f"prompt logprobs from row {logprob_start} would read filled rows (the tail starts at row "
+                f"{len(prompt_ids) - tail}); set logprob_start_len >= {len(prompt_ids) - tail} or ask for exact"
+            )
         if unsupported is not None:
             logger.warning("request %s runs exact prefill: %s", rid, unsupported)
             return None
+        splice = params.splice if params is not None else None
+        if splice is not None and arm == "nofill":
+            raise RequestParamError("splice replaces filled keys or values; the nofill arm has none")
         value_rescale = policy.value_rescale_c if policy is not None else None
         if params is not None and params.value_rescale is not None:
             value_rescale = params.value_rescale or None
@@ -141,6 +154,8 @@ class RidgeFillRuntime:
             policy=use_policy if use_policy is not None and use_policy.has_selection() else None,
             policy_name=getattr(policy, "name", ""),
             maps_id=self.maps_id,
+            logprob_start=logprob_start,
+            splice=splice,
         )
 
     def check_policy_inputs(self, policy) -> None:
@@ -174,14 +189,20 @@ class RidgeFillRuntime:
             return self._states.pop(rid, None)
 
     # ----------------------------------------------------------------- forward (model thread)
-    def _begin(self, st: RequestState, p0: int, hidden_size: int, dtype: torch.dtype, device) -> None:
-        """First chunk of a request: note the cached prefix, decide whether anything is left to fill."""
+    def _begin(self, st: RequestState, p0: int, n: int, hidden_size: int, dtype: torch.dtype, device) -> None:
+        """First chunk (rows ``[p0, p0+n)``) of a request: note the cached prefix, decide whether anything is
+        left to fill."""
         st.start = p0
         if st.boundary <= p0:
             st.exact = True
             return
+        if st.plan.logprob_start is not None and p0 + n < st.num_tokens:
+            # SGLang computes a chunk's prompt logprobs with that chunk, before the tail's upper layers run.
+            logger.warning("request runs exact prefill: prompt logprobs under RidgeFill need the prompt in one chunk")
+            st.exact = True
+            return
         st.tail_x = torch.empty((st.num_tokens - st.boundary, hidden_size), dtype=dtype, device=device)
-        if st.plan.has_selection:
+        if st.plan.has_selection or st.plan.splice is not None:
             st.prefix_x = torch.empty((st.boundary - p0, hidden_size), dtype=dtype, device=device)
 
     def forward(self, original, lm, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, *args, **kwargs):
@@ -205,7 +226,10 @@ class RidgeFillRuntime:
         for i, rid in enumerate(fb.rids):
             st = self._states.get(rid)
             if st is not None and st.start < 0:
-                self._begin(st, int(fb.extend_prefix_lens_cpu[i]), hidden_size, dtype, input_ids.device)
+                self._begin(
+                    st, int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i]), hidden_size, dtype,
+                    input_ids.device,
+                )
             work.append(None if st is None or st.exact or st.prefill_done else st)
         if all(w is None for w in work):
             return original(lm, input_ids, positions, fb, *args, **kwargs)

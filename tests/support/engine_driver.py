@@ -25,6 +25,8 @@ def _result(out: dict) -> dict:
         "tops": [[[x[0], x[1]] for x in (t or [])] for t in top],
         "cached_tokens": meta.get("cached_tokens"),
         "finish_reason": meta.get("finish_reason"),
+        "input_logprobs": [x[0] for x in meta.get("input_token_logprobs") or []],
+        "input_tops": [[[x[0], x[1]] for x in (t or [])] for t in meta.get("input_top_logprobs") or []],
     }
 
 
@@ -44,6 +46,8 @@ def main(spec_path: str, out_path: str) -> None:
                 return_logprob=reqs[0].get("return_logprob", True),
                 top_logprobs_num=reqs[0].get("top_logprobs_num", 3),
             )
+            if reqs[0].get("logprob_start_len") is not None:
+                kwargs["logprob_start_len"] = [r["logprob_start_len"] for r in reqs]
             try:
                 outs = llm.generate(**kwargs)
                 results.extend(_result(o) for o in outs)

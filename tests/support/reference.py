@@ -56,14 +56,18 @@ class Reference:
         exact_rows: list[int] = (),
         start: int = 0,
         value_rescale: int | None = None,
+        splice: str | None = None,
+        tail_rows: bool = False,
     ) -> torch.Tensor:
-        """Logits of the next token after ``ids`` ([vocab] float32)."""
+        """Logits of the next token after ``ids`` ([vocab] float32); with ``tail_rows``, the logits of every
+        tail row ([tail, vocab]). ``splice``: exact keys/values/both/key magnitude on the filled rows."""
         m = self.m
         ids_t = torch.tensor(ids)[None]
         n = len(ids)
         boundary = max(n - tail, 0)
         if arm == "exact" or boundary <= start or split >= len(self.layers):
-            return m(ids_t).logits[0, -1].float()
+            logits = m(ids_t).logits[0].float()
+            return logits[boundary:] if tail_rows else logits[-1]
         hs = m(ids_t, output_hidden_states=True).hidden_states
         x_split = hs[split][0]
         pos = torch.arange(n)
@@ -94,6 +98,14 @@ class Reference:
                     _, _, v_pr = self._qkv(layer_id, tail_hat, pos[boundary : boundary + c])
                     scale = (v_ex.norm(dim=-1) / v_pr.norm(dim=-1)).mean(0)
                     vf = vf * scale[None, :, None]
+                if splice is not None:
+                    _, ke, ve = self._qkv(layer_id, hs[layer_id][0][filled], pos[filled])
+                    if splice in ("keys", "both"):
+                        kf = ke
+                    if splice in ("values", "both"):
+                        vf = ve
+                    if splice == "key_norm":
+                        kf = kf * ke.norm(dim=-1, keepdim=True) / kf.norm(dim=-1, keepdim=True)
                 k_all[filled], v_all[filled] = kf, vf
                 visible[filled] = True
             q, k, v = self._qkv(layer_id, x, pos[rows])
@@ -108,6 +120,8 @@ class Reference:
             out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv).reshape(len(rows), -1)
             x = x + layer.self_attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if tail_rows:
+            return m.lm_head(m.model.norm(x[len(rows) - (n - boundary) :])).float()
         return m.lm_head(m.model.norm(x[-1:]))[0].float()
 
     @torch.no_grad()

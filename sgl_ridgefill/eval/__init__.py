@@ -1,0 +1,1 @@
+"""Evaluation of RidgeFill's approximation error: needle retrieval, token loss, decoding agreement, splice tests."""

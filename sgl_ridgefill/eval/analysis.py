@@ -1,0 +1,386 @@
+"""Summary of an evaluation run's ``results.jsonl``: retrieval, loss, agreement and splice tables with
+paired intervals.
+
+The runner appends one JSON record per line (kinds ``meta``, ``check``, ``needle``, ``doc``, ``loss``). Runs
+are partial or resumed, so any arm may be missing and a later record with the same identity (kind, length,
+sample or document, arm) replaces an earlier one. ``summarize`` returns plain JSON-serialisable tables
+(lists of flat rows; ``None`` where a number is undefined); ``report`` turns them into Markdown and plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .metrics import TokenScores, key_token_mask, kl_topk, mean_loss, new_token_mask, top1_agreement
+from .stats import bootstrap_mean, mcnemar, paired_bootstrap, stratified_paired_bootstrap
+
+EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
+IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM = "identity+rows", "ridgefill+rows", "ridgefill+random"
+NOFILL_LONGTAIL, CUT = "nofill+longtail", "cut"
+SPLICE_ARMS = ("splice:keys", "splice:values", "splice:both", "splice:key_norm")
+ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM,
+             NOFILL_LONGTAIL, *SPLICE_ARMS, CUT)
+
+# (arm, vs) pairs compared on filled-region retrieval.
+RETRIEVAL_PAIRS = (
+    (RIDGEFILL, IDENTITY),
+    (RIDGEFILL, EXACT),
+    (RIDGEFILL_ROWS, EXACT),
+    (RIDGEFILL_ROWS, RIDGEFILL_RANDOM),
+    (RIDGEFILL, NOFILL_LONGTAIL),
+    (IDENTITY_ROWS, IDENTITY),
+)
+REGIONS = ("filled", "tail")
+LOSS_METRICS = ("key", "new", "all")
+SPLICE_METRICS = ("key", "new")
+ALL = "all"
+SUCCESS = 100.0  # a needle sample succeeds when its score is full marks
+_ZERO_LOSS_GAP = 1e-6  # nat; below this RidgeFill and exact are indistinguishable and a share is undefined
+
+
+def load_records(path: str | pathlib.Path) -> list[dict[str, Any]]:
+    """Every record of a ``results.jsonl``, in file order. A truncated last line (a run killed mid-write)
+    is skipped; a malformed line anywhere else raises ``ValueError`` naming the line."""
+    path = pathlib.Path(path)
+    lines = path.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == last:
+                break
+            raise ValueError(f"{path}:{i + 1}: not a JSON record ({exc.msg})") from None
+        if not isinstance(record, dict) or "kind" not in record:
+            raise ValueError(f"{path}:{i + 1}: a record must be a JSON object with a 'kind', got {line[:80]!r}")
+        records.append(record)
+    return records
+
+
+def latest_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records left after later duplicates replace earlier ones (unknown kinds are dropped)."""
+    latest: dict[tuple, Mapping[str, Any]] = {}
+    for record in records:
+        identity = _identity(record)
+        if identity is not None:
+            latest.pop(identity, None)  # re-insert so the order is that of the surviving record
+            latest[identity] = record
+    return list(latest.values())
+
+
+def _identity(record: Mapping[str, Any]) -> tuple | None:
+    kind = record.get("kind")
+    if kind in ("meta", "check"):
+        return (kind,)
+    if kind == "needle":
+        return (kind, record["length"], record.get("task"), record["sample"], record["arm"])
+    if kind == "doc":
+        return (kind, record["length"], record["doc"])
+    if kind == "loss":
+        return (kind, record["length"], record["doc"], record["arm"])
+    return None
+
+
+def arm_sort_key(arm: str) -> tuple[int, str]:
+    """Display order: ``ARM_ORDER`` first, unknown arms after it alphabetically."""
+    return (ARM_ORDER.index(arm), "") if arm in ARM_ORDER else (len(ARM_ORDER), arm)
+
+
+def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) -> dict[str, Any]:
+    """All tables of one run, as a JSON-serialisable dict of lists of flat rows:
+
+    ``meta``, ``check``: the last such record (or None). ``retrieval``: {length, task ("all" pools tasks),
+    arm, region, n, mean, low, high}. ``retrieval_diffs``: filled region, per length and pooled ("all"):
+    {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``loss``: {length, arm, metric ("key",
+    "new", "all"), n_docs, n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over
+    per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}. ``agreement``:
+    {length, arm, n_docs, n_tokens, top1, top1_doc_mean, kl_mean, kl_median, vs_identity_n,
+    vs_identity_diff, vs_identity_low, vs_identity_high}. ``splice``: {length, arm, metric, n_docs, loss,
+    ridgefill, exact, share}. Intervals are 95% BCa with ``n_resamples`` resamples.
+    """
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    latest = latest_records(records)
+    by_kind: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for record in latest:
+        by_kind[record["kind"]].append(record)
+    documents = _documents(by_kind["doc"], by_kind["loss"])
+    needles = by_kind["needle"]
+    return {
+        "meta": dict(by_kind["meta"][-1]) if by_kind["meta"] else None,
+        "check": dict(by_kind["check"][-1]) if by_kind["check"] else None,
+        "retrieval": _retrieval(needles, n_resamples),
+        "retrieval_diffs": _retrieval_diffs(needles, n_resamples),
+        "loss": _loss(documents, n_resamples),
+        "loss_diffs": _loss_diffs(documents, n_resamples),
+        "agreement": _agreement(documents, n_resamples),
+        "splice": _splice(documents),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- retrieval
+
+
+def _retrieval(needles: Sequence[Mapping[str, Any]], n_resamples: int) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in needles:
+        if r["region"] in REGIONS:
+            for task in (ALL, r["task"]):
+                groups[(r["length"], task, r["arm"], r["region"])].append(float(r["score"]))
+    rows = []
+    for (length, task, arm, region), scores in sorted(groups.items(), key=lambda kv: _group_order(kv[0])):
+        interval = bootstrap_mean(np.asarray(scores), n_resamples=n_resamples)
+        rows.append({"length": length, "task": task, "arm": arm, "region": region, "n": len(scores),
+                     **_interval(interval, "mean")})
+    return rows
+
+
+def _group_order(key: tuple) -> tuple:
+    length, task, arm, region = key
+    return (length, task != ALL, task, arm_sort_key(arm), REGIONS.index(region))
+
+
+def _retrieval_diffs(needles: Sequence[Mapping[str, Any]], n_resamples: int) -> list[dict[str, Any]]:
+    """Pairs on the sample: the samples whose needle the first arm's record puts in the filled region,
+    against the same samples in the second arm whatever region its own record names (``nofill+longtail``
+    runs a longer tail, so part of RidgeFill's filled region is in its tail)."""
+    filled: dict[str, dict[tuple, float]] = defaultdict(dict)
+    scored: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for r in needles:
+        key = (r["length"], r["task"], r["sample"])
+        scored[r["arm"]][key] = float(r["score"])
+        if r["region"] == "filled":
+            filled[r["arm"]][key] = float(r["score"])
+    lengths = sorted({r["length"] for r in needles})
+    rows = []
+    for length in [*lengths, ALL]:
+        for arm, vs in RETRIEVAL_PAIRS:
+            keys = [k for k in filled[arm] if k in scored[vs] and length in (ALL, k[0])]
+            if not keys:
+                continue
+            a = np.array([filled[arm][k] for k in keys])
+            b = np.array([scored[vs][k] for k in keys])
+            interval = stratified_paired_bootstrap(a, b, [k[1] for k in keys], n_resamples=n_resamples)
+            test = mcnemar(a >= SUCCESS, b >= SUCCESS)
+            rows.append({"length": length, "arm": arm, "vs": vs, "n": len(keys), **_interval(interval, "diff"),
+                         "mcnemar_p": _num(test["p_value"]), "b01": int(test["b01"]), "b10": int(test["b10"])})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- documents
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One long document's scored tail under every arm that reached it.
+
+    ``arms``: arm -> scores of positions start..N-1 (n tokens each); ``key``: [n] bool, key tokens (exact vs
+    cut), ``None`` when either record is missing; ``new``: [n] bool, tokens outside any repeated span,
+    ``None`` when the ``doc`` record is missing."""
+
+    length: int
+    doc: str
+    arms: Mapping[str, TokenScores]
+    key: np.ndarray | None
+    new: np.ndarray | None
+
+    def mask(self, metric: str) -> np.ndarray | None:
+        if metric == "all":
+            return np.ones(self.n, dtype=bool)
+        return {"key": self.key, "new": self.new}[metric]
+
+    @property
+    def n(self) -> int:
+        return len(next(iter(self.arms.values())).token_ids)
+
+    def loss(self, arm: str, metric: str) -> float:
+        """Mean loss of ``arm`` over ``metric``'s tokens; NaN when the arm, the mask or its tokens are missing."""
+        mask = self.mask(metric)
+        if arm not in self.arms or mask is None or not mask.any():
+            return math.nan
+        return float(mean_loss(self.arms[arm], mask))
+
+
+def _documents(doc_records: Sequence[Mapping[str, Any]], loss_records: Sequence[Mapping[str, Any]]) -> list[Document]:
+    prompts = {(r["length"], r["doc"]): r["prompt_ids"] for r in doc_records}
+    arms: dict[tuple, dict[str, TokenScores]] = defaultdict(dict)
+    for r in loss_records:
+        arms[(r["length"], r["doc"])][r["arm"]] = TokenScores.from_json(r["scores"])
+    documents = []
+    for (length, doc), scores in sorted(arms.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        sizes = {len(s.token_ids) for s in scores.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"document {doc!r} (length {length}): arms score different numbers of tokens "
+                             f"{ {arm: len(s.token_ids) for arm, s in scores.items()} }")
+        key = key_token_mask(scores[EXACT], scores[CUT]) if EXACT in scores and CUT in scores else None
+        new = None
+        if (length, doc) in prompts:
+            prompt_ids = prompts[(length, doc)]
+            start = len(prompt_ids) - sizes.pop()
+            for arm, s in scores.items():
+                if arm != CUT and s.start != start:  # the cut record may count from its own shorter prompt
+                    raise ValueError(f"document {doc!r} (length {length}), arm {arm!r}: scores start at {s.start}, "
+                                     f"but the document's last {len(s.token_ids)} tokens start at {start}")
+            new = np.asarray(new_token_mask(prompt_ids, start), dtype=bool)
+        documents.append(Document(length, doc, scores, None if key is None else np.asarray(key, dtype=bool), new))
+    return documents
+
+
+def _arms_by_length(documents: Sequence[Document]) -> dict[int, list[str]]:
+    arms: dict[int, set[str]] = defaultdict(set)
+    for d in documents:
+        arms[d.length].update(d.arms)
+    return {length: sorted(a, key=arm_sort_key) for length, a in sorted(arms.items())}
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+
+
+def _loss(documents: Sequence[Document], n_resamples: int) -> list[dict[str, Any]]:
+    rows = []
+    for length, arms in _arms_by_length(documents).items():
+        docs = [d for d in documents if d.length == length]
+        for arm in arms:
+            have = [d for d in docs if arm in d.arms]
+            for metric in LOSS_METRICS:
+                measured = [d for d in have if d.mask(metric) is not None]
+                used = [d for d in measured if d.mask(metric).any()]
+                values = np.array([d.loss(arm, metric) for d in used])
+                row: dict[str, Any] = {
+                    "length": length, "arm": arm, "metric": metric, "n_docs": len(used),
+                    "n_tokens": int(sum(d.mask(metric).sum() for d in used)),
+                    "docs_without_tokens": len(measured) - len(used), "docs_unmeasured": len(have) - len(measured),
+                    "median": _num(np.median(values)) if len(values) else None,
+                }
+                if len(values):
+                    row.update(_interval(bootstrap_mean(values, n_resamples=n_resamples), "mean"))
+                else:
+                    row.update({"mean": None, "low": None, "high": None})
+                rows.append(row)
+    return rows
+
+
+def _loss_pairs(arms: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = [(arm, EXACT) for arm in arms if arm != EXACT and EXACT in arms]
+    pairs += [(arm, IDENTITY) for arm in arms if arm not in (EXACT, IDENTITY) and IDENTITY in arms]
+    if RIDGEFILL in arms and NOFILL_LONGTAIL in arms:
+        pairs.append((RIDGEFILL, NOFILL_LONGTAIL))
+    return pairs
+
+
+def _loss_diffs(documents: Sequence[Document], n_resamples: int) -> list[dict[str, Any]]:
+    rows = []
+    for length, arms in _arms_by_length(documents).items():
+        docs = [d for d in documents if d.length == length]
+        for metric in LOSS_METRICS:
+            for arm, vs in _loss_pairs(arms):
+                a, b = _paired(docs, metric, arm, vs)
+                if len(a):
+                    interval = paired_bootstrap(a, b, statistic="mean", n_resamples=n_resamples)
+                    rows.append({"length": length, "metric": metric, "arm": arm, "vs": vs, "n": len(a),
+                                 **_interval(interval, "diff")})
+    return rows
+
+
+def _paired(docs: Sequence[Document], metric: str, *arms: str) -> tuple[np.ndarray, ...]:
+    """Per-document losses of ``arms`` over the documents where every one of them is finite."""
+    values = np.array([[d.loss(arm, metric) for arm in arms] for d in docs]).reshape(len(docs), len(arms))
+    values = values[np.isfinite(values).all(axis=1)]
+    return tuple(values[:, i] for i in range(len(arms)))
+
+
+# ----------------------------------------------------------------------------------------------- agreement
+
+
+def _agreement(documents: Sequence[Document], n_resamples: int) -> list[dict[str, Any]]:
+    """Top-1 agreement with exact and top-k KL from exact, per arm; the interval is on the difference of
+    per-document top-1 agreement against ``identity`` over the documents both arms reached."""
+    rows = []
+    for length, arms in _arms_by_length(documents).items():
+        docs = [d for d in documents if d.length == length and EXACT in d.arms]
+        per_doc: dict[str, dict[str, float]] = {}
+        for arm in arms:
+            if arm == EXACT:
+                continue
+            top1, kl, doc_top1 = [], [], {}
+            for d in docs:
+                if arm in d.arms:
+                    agree = np.asarray(top1_agreement(d.arms[EXACT], d.arms[arm]), dtype=bool)
+                    top1.append(agree)
+                    kl.append(np.asarray(kl_topk(d.arms[EXACT], d.arms[arm]), dtype=float))
+                    doc_top1[d.doc] = float(agree.mean()) if len(agree) else math.nan
+            if not top1:
+                continue
+            per_doc[arm] = doc_top1
+            tokens, kls = np.concatenate(top1), np.concatenate(kl)
+            rows.append({"length": length, "arm": arm, "n_docs": len(top1), "n_tokens": len(tokens),
+                         "top1": _num(tokens.mean()) if len(tokens) else None,
+                         "top1_doc_mean": _num(np.nanmean(list(doc_top1.values()))),
+                         "kl_mean": _num(np.nanmean(kls)) if np.isfinite(kls).any() else None,
+                         "kl_median": _num(np.nanmedian(kls)) if np.isfinite(kls).any() else None})
+        for row in rows:
+            if row["length"] == length:
+                row.update(_vs_identity(per_doc, row["arm"], n_resamples))
+    return rows
+
+
+def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resamples: int) -> dict[str, Any]:
+    empty = {"vs_identity_n": 0, "vs_identity_diff": None, "vs_identity_low": None, "vs_identity_high": None}
+    if arm == IDENTITY or IDENTITY not in per_doc:
+        return empty
+    shared = [doc for doc in per_doc[arm] if doc in per_doc[IDENTITY]]
+    if not shared:
+        return empty
+    a = np.array([per_doc[arm][doc] for doc in shared])
+    b = np.array([per_doc[IDENTITY][doc] for doc in shared])
+    interval = paired_bootstrap(a, b, statistic="mean", n_resamples=n_resamples)
+    return {"vs_identity_n": len(shared), "vs_identity_diff": _num(interval.estimate),
+            "vs_identity_low": _num(interval.low), "vs_identity_high": _num(interval.high)}
+
+
+# -------------------------------------------------------------------------------------------------- splice
+
+
+def _splice(documents: Sequence[Document]) -> list[dict[str, Any]]:
+    """For each splice arm: its loss, RidgeFill's and exact's over the documents all three reached, and the
+    share of RidgeFill's excess loss the splice removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact)."""
+    rows = []
+    for length, arms in _arms_by_length(documents).items():
+        docs = [d for d in documents if d.length == length]
+        for arm in (a for a in arms if a in SPLICE_ARMS):
+            for metric in SPLICE_METRICS:
+                splice, ridgefill, exact = _paired(docs, metric, arm, RIDGEFILL, EXACT)
+                if not len(splice):
+                    continue
+                l_s, l_rf, l_ex = float(splice.mean()), float(ridgefill.mean()), float(exact.mean())
+                gap = l_rf - l_ex
+                rows.append({"length": length, "arm": arm, "metric": metric, "n_docs": len(splice),
+                             "loss": l_s, "ridgefill": l_rf, "exact": l_ex,
+                             "share": None if abs(gap) < _ZERO_LOSS_GAP else (l_rf - l_s) / gap})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _interval(interval: Any, name: str) -> dict[str, Any]:
+    return {name: _num(interval.estimate), "low": _num(interval.low), "high": _num(interval.high)}
+
+
+def _num(x: Any) -> float | None:
+    """A JSON-safe float: ``None`` for missing, NaN or infinite values."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None

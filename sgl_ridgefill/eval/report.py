@@ -1,0 +1,448 @@
+"""``REPORT.md`` and its plots from a ``summarize`` result, and ``docs/RESULTS.md`` from several reports.
+
+The report leads with the fill-disabled check, then the setup, then one table per measurement, each
+followed by its plot: filled-region retrieval (``retrieval_filled.png``), retrieval against needle depth
+(``retrieval_depth.png``, needs the raw records), key- and new-token loss (``loss.png``) and the splice
+tests (``splice.png``). "What the numbers say" states, per length, whether each target is met, not met or
+not measured, from the same numbers. matplotlib (Agg) is imported only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .analysis import (ALL, EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
+                       arm_sort_key, latest_records)
+
+REPORT_NAME = "REPORT.md"
+FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
+DEPTH_BINS = 10
+_NA = "–"
+
+Row = Mapping[str, Any]
+
+
+def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, title: str,
+                 records: Iterable[Mapping[str, Any]] | None = None) -> pathlib.Path:
+    """Write ``out_dir/REPORT.md`` and its PNGs; returns the Markdown path. ``records`` (the raw
+    ``results.jsonl`` records) add the retrieval-by-depth plot."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG):  # a plot with no data now is not drawn
+        (out_dir / stale).unlink(missing_ok=True)
+    meta = summary.get("meta") or {}
+    parts = [f"# {title}", _check_text(summary.get("check")), "## Setup", _setup_table(meta)]
+
+    filled = [r for r in summary["retrieval"] if r["region"] == "filled"]
+    tail = [r for r in summary["retrieval"] if r["region"] == "tail"]
+    parts += ["## Needle retrieval, filled region",
+              "Mean score (0-100) of the samples whose needle lies in the filled prefix, pooled over tasks; "
+              "95% BCa bootstrap interval in brackets, number of samples in parentheses."]
+    parts += [_by_length_table([r for r in filled if r["task"] == ALL], "mean", _score),
+              _image(_plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
+    if any(r["task"] != ALL for r in filled):
+        parts += ["Per task (filled region):", _by_length_table([r for r in filled if r["task"] != ALL], "mean",
+                                                                  _score, task_column=True)]
+    parts += ["## Needle retrieval, tail region", "Samples whose needle lies in the tail, which every arm "
+              "computes with the full model; the tail still attends to the filled prefix, so a drop here is the "
+              "fill's indirect harm.",
+              _by_length_table([r for r in tail if r["task"] == ALL], "mean", _score)]
+    if records is not None:
+        needles = [r for r in latest_records(records) if r["kind"] == "needle"]
+        depth = _plot_depth(needles, meta, out_dir / DEPTH_PNG)
+        if depth is not None:
+            parts += ["## Retrieval against needle depth", "Mean score by needle position / prompt length "
+                      f"({DEPTH_BINS} bins, every region); dashed: the tail boundary, dotted: the longer tail of "
+                      "nofill+longtail where it ran.", _image(depth, "Retrieval against depth")]
+    parts += ["## Paired retrieval differences, filled region",
+              "Difference of mean scores on the same samples (first arm minus second), 95% BCa interval from "
+              "resampling within task; McNemar's exact test on full-score success (b01: only the second arm "
+              "succeeds, b10: only the first).", _retrieval_diff_table(summary["retrieval_diffs"])]
+
+    parts += ["## Loss", "Per-document mean loss (nat) on key tokens (loss with the context cut to the tail "
+              "exceeds exact by more than 2 nat), on new tokens (outside any repeated 8-token span) and on all "
+              "scored tail tokens; mean over documents with a 95% interval, median after the slash.",
+              _loss_table(summary["loss"]), _image(_plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
+    parts += ["## Paired loss differences", "First arm minus second, paired over documents (95% BCa interval).",
+              _loss_diff_table(summary["loss_diffs"])]
+    parts += ["## Decoding agreement with exact", "Top-1 agreement pooled over tokens and averaged per document; "
+              "KL(exact || arm) from the top-k lists; the interval is on the per-document top-1 difference "
+              "against identity.", _agreement_table(summary["agreement"])]
+    parts += ["## Splice tests", "RidgeFill with exact keys, exact values, both, or only the exact key "
+              "magnitude on the filled rows; share of RidgeFill's excess loss over exact that the splice "
+              "removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached.",
+              _splice_table(summary["splice"]), _image(_plot_splice(summary["splice"], out_dir / SPLICE_PNG),
+                                                       "Splice: share of loss removed")]
+    parts += ["## What the numbers say", _conclusions(summary)]
+    path = out_dir / REPORT_NAME
+    path.write_text("\n\n".join(p for p in parts if p) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+
+
+def _score(x: float | None) -> str:
+    return _NA if x is None else f"{x:.1f}"
+
+
+def _loss(x: float | None) -> str:
+    return _NA if x is None else f"{x:.3f}"
+
+
+def _signed(fmt: str):
+    return lambda x: _NA if x is None else f"{x:+{fmt}}"
+
+
+def _ci(row: Row, key: str, fmt=_score) -> str:
+    if row.get(key) is None:
+        return _NA
+    if row.get("low") is None or row.get("high") is None:
+        return fmt(row[key])
+    return f"{fmt(row[key])} [{fmt(row['low'])}, {fmt(row['high'])}]"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    if not rows:
+        return "_Not measured in this run._"
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _image(path: pathlib.Path | None, alt: str) -> str:
+    return f"![{alt}]({path.name})" if path is not None else ""
+
+
+def _check_text(check: Row | None) -> str:
+    if check is None:
+        return "**Check not run:** this run has no comparison of the fill-disabled server against stock SGLang."
+    if check.get("passed"):
+        return (f"Check passed: fill-disabled server byte-identical to stock on {check.get('prompts')} prompts "
+                f"(compared: {check.get('compared', _NA)}).")
+    mismatches = list(check.get("mismatches") or [])
+    shown = "\n".join(f"- {m}" for m in mismatches[:10])
+    if len(mismatches) > 10:
+        shown += f"\n- ... {len(mismatches) - 10} more"
+    return (f"**CHECK FAILED: the fill-disabled server is NOT byte-identical to stock SGLang** "
+            f"({len(mismatches)} mismatches over {check.get('prompts')} prompts, compared: "
+            f"{check.get('compared', _NA)}). The numbers below cannot be trusted until this is fixed.\n\n{shown}")
+
+
+def _setup_table(meta: Row) -> str:
+    if not meta:
+        return "_No meta record in this run._"
+    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "rows_policy", "rows_fraction",
+              "longtail_tail", "started", "server", "command")
+    rows = []
+    for name in fields:
+        if name in meta:
+            value = meta[name]
+            if isinstance(value, (list, tuple)):
+                value = ", ".join(map(str, value))
+            elif isinstance(value, Mapping):
+                value = ", ".join(f"{k}: {v}" for k, v in value.items())
+            rows.append((name, f"`{value}`" if name == "command" else value))
+    return _table(("setting", "value"), rows)
+
+
+# -------------------------------------------------------------------------------------------------- tables
+
+
+def _by_length_table(rows: Sequence[Row], key: str, fmt, *, task_column: bool = False) -> str:
+    """One line per (task,) arm, one column per length: ``estimate [low, high] (n)``."""
+    lengths = sorted({r["length"] for r in rows})
+    cells: dict[tuple, dict[int, str]] = {}
+    for r in rows:
+        line = (r["task"], r["arm"]) if task_column else (r["arm"],)
+        cells.setdefault(line, {})[r["length"]] = f"{_ci(r, key, fmt)} ({r['n']})"
+    order = sorted(cells, key=lambda line: (*line[:-1], arm_sort_key(line[-1])))
+    header = (("task",) if task_column else ()) + ("arm",) + tuple(str(n) for n in lengths)
+    return _table(header, [(*line, *(cells[line].get(n, _NA) for n in lengths)) for line in order])
+
+
+def _retrieval_diff_table(rows: Sequence[Row]) -> str:
+    p = lambda x: _NA if x is None else f"{x:.3g}"
+    return _table(("length", "arm", "vs", "n", "difference", "McNemar p", "b01 / b10"),
+                  [(r["length"], r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".1f")), p(r["mcnemar_p"]),
+                    f"{r['b01']} / {r['b10']}") for r in rows])
+
+
+def _loss_table(rows: Sequence[Row]) -> str:
+    by: dict[tuple, dict[str, Row]] = {}
+    for r in rows:
+        by.setdefault((r["length"], r["arm"]), {})[r["metric"]] = r
+    cell = lambda r: _NA if not r or r.get("mean") is None else f"{_ci(r, 'mean', _loss)} / {_loss(r['median'])}"
+    out = []
+    for (length, arm), m in sorted(by.items(), key=lambda kv: (kv[0][0], arm_sort_key(kv[0][1]))):
+        key = m.get("key", {})
+        measured = key.get("n_docs", 0) + key.get("docs_without_tokens", 0)
+        key_docs = (f"{key['n_docs']} of {measured}" if measured else "not measured (no exact or cut record)")
+        out.append((length, arm, m["all"]["n_docs"] if "all" in m else _NA, key_docs, key.get("n_tokens", 0),
+                    cell(key), cell(m.get("new")), cell(m.get("all"))))
+    return _table(("length", "arm", "docs", "docs with key tokens", "key tokens", "key loss", "new loss",
+                   "all loss"), out)
+
+
+def _loss_diff_table(rows: Sequence[Row]) -> str:
+    return _table(("length", "metric", "arm", "vs", "docs", "difference"),
+                  [(r["length"], r["metric"], r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".3f"))) for r in rows])
+
+
+def _agreement_table(rows: Sequence[Row]) -> str:
+    pct = lambda x: _NA if x is None else f"{100 * x:.1f}%"
+    pts = _signed(".1f")
+    vs = lambda r: (_NA if r["vs_identity_diff"] is None else
+                    f"{pts(_scaled(r['vs_identity_diff']))} [{pts(_scaled(r['vs_identity_low']))}, "
+                    f"{pts(_scaled(r['vs_identity_high']))}] points")
+    return _table(("length", "arm", "docs", "tokens", "top-1 pooled", "top-1 per doc", "KL mean", "KL median",
+                   "top-1 vs identity"),
+                  [(r["length"], r["arm"], r["n_docs"], r["n_tokens"], pct(r["top1"]), pct(r["top1_doc_mean"]),
+                    _loss(r["kl_mean"]), _loss(r["kl_median"]), vs(r)) for r in rows])
+
+
+def _scaled(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def _splice_table(rows: Sequence[Row]) -> str:
+    share = lambda x: "undefined (RidgeFill matches exact)" if x is None else f"{100 * x:.1f}%"
+    return _table(("length", "arm", "metric", "docs", "splice loss", "ridgefill loss", "exact loss", "share removed"),
+                  [(r["length"], r["arm"], r["metric"], r["n_docs"], _loss(r["loss"]), _loss(r["ridgefill"]),
+                    _loss(r["exact"]), share(r["share"])) for r in rows])
+
+
+# ------------------------------------------------------------------------------------------- conclusions
+
+
+def _find(rows: Sequence[Row], **match: Any) -> Row | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _target(name: str, row: Row | None, key: str, op: str, threshold: float, fmt) -> str:
+    """One line: met / not met by the point estimate (``op`` is ">=", ">" or "<" against ``threshold``), and
+    whether the interval settles it."""
+    if row is None or row.get(key) is None:
+        return f"- {name}: not measured."
+    ok = {">=": lambda x: x >= threshold, ">": lambda x: x > threshold, "<": lambda x: x < threshold}[op]
+    est, low, high = row[key], row.get("low"), row.get("high")
+    line = f"- {name}: **{'met' if ok(est) else 'not met'}** (difference {fmt(est)}"
+    if low is None or high is None:
+        return line + f", n = {row.get('n')}; no interval)."
+    line += f" [{fmt(low)}, {fmt(high)}], n = {row.get('n')}"
+    if ok(low) and ok(high):
+        return line + "; the whole interval meets it)."
+    if not ok(low) and not ok(high):
+        return line + "; the whole interval misses it)."
+    return line + f"; the interval straddles {fmt(threshold)}, so the data do not settle it)."
+
+
+_RETRIEVAL_STATEMENTS = (
+    ("RidgeFill minus identity", RIDGEFILL, IDENTITY),
+    ("RidgeFill minus exact", RIDGEFILL, EXACT),
+    ("RidgeFill minus no fill with an equal-cost longer tail", RIDGEFILL, NOFILL_LONGTAIL),
+)
+# (statement, arm, vs, comparison, threshold) on the filled-region retrieval difference arm - vs, in points.
+RETRIEVAL_TARGETS = (
+    ("RidgeFill at least 20 points above identity", RIDGEFILL, IDENTITY, ">=", 20.0),
+    ("RidgeFill within 5 points of exact", RIDGEFILL, EXACT, ">=", -5.0),
+    ("RidgeFill with rows within 2 points of exact", RIDGEFILL_ROWS, EXACT, ">=", -2.0),
+    ("RidgeFill with rows above the same number of random rows", RIDGEFILL_ROWS, RIDGEFILL_RANDOM, ">", 0.0),
+)
+
+
+def _conclusions(summary: Mapping[str, Any]) -> str:
+    diffs, loss_diffs = summary["retrieval_diffs"], summary["loss_diffs"]
+    lengths = sorted({r["length"] for r in diffs if r["length"] != ALL} | {r["length"] for r in loss_diffs})
+    if len({r["length"] for r in diffs if r["length"] != ALL}) > 1:
+        lengths.append(ALL)
+    if not lengths:
+        return ("Nothing was measured in this run, so every target is not measured: RidgeFill at least 20 points "
+                "above identity, within 5 points of exact, with rows within 2 points of exact and above random "
+                "rows (filled-region retrieval), key-token loss below identity.")
+    pts, nat = _signed(".1f"), _signed(".3f")
+    out = []
+    for length in lengths:
+        head = "All lengths pooled" if length == ALL else f"{length} tokens"
+        lines = [f"**{head}.**"]
+        for label, arm, vs in _RETRIEVAL_STATEMENTS:
+            r = _find(diffs, length=length, arm=arm, vs=vs)
+            lines.append(f"- {label}, filled-region retrieval: " + (
+                "not measured." if r is None else f"{_ci(r, 'diff', pts)} points over {r['n']} samples."))
+        for label, arm, vs, op, threshold in RETRIEVAL_TARGETS:
+            lines.append(_target(label, _find(diffs, length=length, arm=arm, vs=vs), "diff", op, threshold, pts))
+        if length != ALL:
+            key = _find(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
+            lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------------- plots
+
+
+def _color(arm: str) -> Any:
+    """The same colour for an arm in every plot and panel."""
+    from matplotlib import colormaps
+
+    i = arm_sort_key(arm)[0]
+    return colormaps["tab20"]((2 * i + i // 10) % 20)  # the ten strong colours first, then their light twins
+
+
+def _figure(ncols: int, width: float = 5.5, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height))
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _grouped_bars(ax, rows: Sequence[Row], key: str) -> None:
+    """Bars of ``key`` with interval error bars: one group per length, one bar per arm."""
+    lengths = sorted({r["length"] for r in rows})
+    arms = sorted({r["arm"] for r in rows}, key=arm_sort_key)
+    width = 0.8 / max(len(arms), 1)
+    for j, arm in enumerate(arms):
+        xs, ys, err = [], [], [[], []]
+        for i, length in enumerate(lengths):
+            r = _find(rows, length=length, arm=arm)
+            if r is None or r.get(key) is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            ys.append(r[key])
+            err[0].append(max(r[key] - r["low"], 0.0) if r.get("low") is not None else 0.0)
+            err[1].append(max(r["high"] - r[key], 0.0) if r.get("high") is not None else 0.0)
+        # Lists, not an array: matplotlib 3.11 warns on a [2, 1] array for a single bar.
+        has_err = any(e > 0 for e in err[0] + err[1])
+        ax.bar(xs, ys, width, yerr=err if has_err else None, capsize=2, label=arm, color=_color(arm))
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt tokens")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _plot_retrieval(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    rows = [r for r in rows if r["task"] == ALL and r.get("mean") is not None]
+    if not rows:
+        return None
+    fig, (ax,) = _figure(1, width=8)
+    _grouped_bars(ax, rows, "mean")
+    ax.set_ylabel("filled-region score (0-100)")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def _plot_depth(needles: Sequence[Row], meta: Row, path: pathlib.Path) -> pathlib.Path | None:
+    lengths = sorted({r["length"] for r in needles})
+    if not lengths:
+        return None
+    fig, axes = _figure(len(lengths), width=4.5)
+    edges = np.linspace(0.0, 1.0, DEPTH_BINS + 1)
+    for ax, length in zip(axes, lengths):
+        here = [r for r in needles if r["length"] == length]
+        for arm in sorted({r["arm"] for r in here}, key=arm_sort_key):
+            depth = np.array([r["position"] / length for r in here if r["arm"] == arm])
+            score = np.array([r["score"] for r in here if r["arm"] == arm], dtype=float)
+            bins = np.clip(np.digitize(depth, edges) - 1, 0, DEPTH_BINS - 1)
+            used = [b for b in range(DEPTH_BINS) if (bins == b).any()]
+            centres = (edges[:-1] + edges[1:]) / 2
+            ax.plot(centres[used], [score[bins == b].mean() for b in used], "-o", ms=3, alpha=0.8, label=arm,
+                    color=_color(arm))
+        if meta.get("tail"):
+            ax.axvline(1 - meta["tail"] / length, color="black", ls="--", lw=0.8)
+        longtail = (meta.get("longtail_tail") or {}).get(str(length))
+        if longtail:
+            ax.axvline(1 - longtail / length, color="gray", ls=":", lw=0.8)
+        ax.set_title(f"{length} tokens")
+        ax.set_xlabel("needle position / length")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-2, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("score (0-100)")
+    return _save(fig, path)
+
+
+def _plot_loss(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    # The cut arm (no prefix at all) is left out: it is far above the others by construction on key tokens.
+    panels = [(m, [r for r in rows if r["metric"] == m and r["arm"] != "cut" and r.get("mean") is not None])
+              for m in ("key", "new")]
+    panels = [(m, r) for m, r in panels if r]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=6)
+    for ax, (metric, metric_rows) in zip(axes, panels):
+        _grouped_bars(ax, metric_rows, "mean")
+        ax.set_ylabel(f"{metric}-token loss (nat)")
+        ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def _plot_splice(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    panels = [(m, [r for r in rows if r["metric"] == m and r["share"] is not None]) for m in ("key", "new")]
+    panels = [(m, r) for m, r in panels if r]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=5.5)
+    for ax, (metric, metric_rows) in zip(axes, panels):
+        _grouped_bars(ax, [{**r, "share": 100 * r["share"]} for r in metric_rows], "share")
+        ax.axhline(100, color="black", ls="--", lw=0.8)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel(f"share of RidgeFill's {metric}-token loss removed (%)")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------- results
+
+
+_LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
+
+
+def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, command: str) -> pathlib.Path:
+    """Concatenate ``REPORT.md`` of each directory into ``out`` (e.g. ``docs/RESULTS.md``): headings move one
+    level down under one title, relative links are rewritten relative to ``out``'s folder."""
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = ["# sgl-ridgefill evaluation results",
+             f"Generated from {len(report_dirs)} report(s); regenerate with:\n\n```\n{command}\n```\n\n"
+             "Do not edit by hand: the next run of that command overwrites this file."]
+    for report_dir in map(pathlib.Path, report_dirs):
+        path = report_dir / REPORT_NAME
+        if not path.exists():
+            raise ValueError(f"render_results_md: {report_dir} has no {REPORT_NAME}")
+        parts.append(_rebase(path.read_text(), report_dir, out.parent).strip())
+    out.write_text("\n\n".join(parts) + "\n")
+    return out
+
+
+def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:
+    def link(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"^([a-z][a-z0-9+.-]*:|/|#)", target, re.I):
+            return m.group(0)
+        rel = os.path.relpath((source_dir / target).resolve(), target_dir.resolve())
+        return f"{m.group(1)}({pathlib.PurePath(rel).as_posix()})"
+
+    lines, fenced = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            line = "#" + line if line.startswith("#") else _LINK.sub(link, line)
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,310 @@
+"""Summary tables and the report from synthetic ``results.jsonl`` records with known numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sgl_ridgefill.eval.analysis import latest_records, load_records, summarize
+from sgl_ridgefill.eval.metrics import TokenScores
+from sgl_ridgefill.eval.report import render_results_md, write_report
+
+N_RESAMPLES = 500
+TASKS = ("t1", "t2")
+# Filled-region scores per arm for samples f0..f3 at 4096 tokens (the same in both tasks).
+FILLED = {
+    "exact": (100, 100, 100, 100),
+    "identity": (0, 0, 100, 0),
+    "ridgefill": (100, 100, 100, 0),
+    "ridgefill+rows": (100, 100, 100, 100),
+    "ridgefill+random": (100, 0, 100, 0),
+}
+
+# Documents: N = 64 tokens, T = 16 scored tail tokens (positions 48..63).
+N, T = 64, 16
+KEY_OFFSETS = {"d0": (0, 1), "d1": (5,), "d2": ()}
+# Per arm: (loss on ordinary tokens, loss on key tokens), in nat.
+LOSSES = {
+    "exact": (1.0, 1.0),
+    "cut": (1.0, 4.0),
+    "identity": (2.0, 5.0),
+    "ridgefill": (1.5, 3.0),
+    "splice:keys": (1.25, 2.0),
+    "splice:values": (1.0, 1.0),
+}
+
+
+def _needle(length, task, sample, arm, region, score, position):
+    return {"kind": "needle", "length": length, "task": task, "haystack": "essays", "sample": sample, "arm": arm,
+            "region": region, "depth": position / length, "position": position, "score": float(score),
+            "output": "", "seconds": 0.1}
+
+
+def _needle_records():
+    records = [_needle(4096, "t1", "f3", "ridgefill", "filled", 100, 900)]  # replaced by a later duplicate
+    for task in TASKS:
+        for arm, scores in FILLED.items():
+            for i, score in enumerate(scores):
+                records.append(_needle(4096, task, f"f{i}", arm, "filled", score, 500 + 700 * i))
+            tail = 0 if (arm, task) == ("identity", "t1") else 100
+            records.append(_needle(4096, task, "tl0", arm, "tail", tail, 3500))
+            records.append(_needle(4096, task, "s0", arm, "straddle", 0, 3070))
+        for arm in ("exact", "ridgefill"):
+            for i in range(2):
+                records.append(_needle(8192, task, f"f{i}", arm, "filled", 100, 1000 + 2000 * i))
+    return records
+
+
+def _prompt(doc):
+    ids = np.arange(N, dtype=np.int64) + {"d0": 1000, "d1": 2000, "d2": 3000}[doc]
+    if doc == "d1":
+        ids[56:64] = ids[10:18]  # the tail's last 8 tokens copy an earlier span: offsets 8..15 are not new
+    return ids
+
+
+def _scores(doc, arm):
+    token_ids = _prompt(doc)[N - T:]
+    base, key = LOSSES[arm]
+    losses = np.full(T, base)
+    losses[list(KEY_OFFSETS[doc])] = key
+    # Top-2 lists: exact ranks the true token first; ridgefill flips the order on key tokens, identity on
+    # every token of d0.
+    flipped = np.zeros(T, dtype=bool)
+    if arm == "ridgefill":
+        flipped[list(KEY_OFFSETS[doc])] = True
+    if arm == "identity" and doc == "d0":
+        flipped[:] = True
+    first = np.where(flipped, 7, token_ids)
+    second = np.where(flipped, token_ids, 7)
+    top_ids = np.stack([first, second], axis=1)
+    top_logprobs = np.tile([-0.1, -3.0], (T, 1))
+    start = 0 if arm == "cut" else N - T  # the cut record counts from its own shorter prompt
+    return TokenScores(start, token_ids, -losses, top_ids, top_logprobs)
+
+
+def _document_records(docs=("d0", "d1", "d2"), with_doc=("d0", "d1", "d2")):
+    records = []
+    for doc in docs:
+        if doc in with_doc:
+            records.append({"kind": "doc", "length": N, "doc": doc, "source": "synthetic",
+                            "prompt_ids": _prompt(doc).tolist()})
+        for arm in LOSSES:
+            records.append({"kind": "loss", "length": N, "doc": doc, "arm": arm,
+                            "scores": _scores(doc, arm).to_json(), "seconds": 0.2})
+    return records
+
+
+META = {"kind": "meta", "model": "tiny", "model_path": "/models/tiny", "split": 12, "tail": 1024,
+        "lengths": [4096, 8192], "maps": "maps/tiny", "rows_policy": "norm", "rows_fraction": 0.05,
+        "longtail_tail": {"4096": 1300}, "started": "2025-01-01T00:00:00", "command": "sgl-ridgefill eval ...",
+        "server": "http://127.0.0.1:30000"}
+CHECK = {"kind": "check", "passed": True, "prompts": 5, "compared": "output token ids", "mismatches": []}
+
+
+@pytest.fixture(scope="module")
+def records():
+    return [META, CHECK, *_needle_records(), *_document_records()]
+
+
+@pytest.fixture(scope="module")
+def summary(records):
+    return summarize(records, n_resamples=N_RESAMPLES)
+
+
+def _row(rows, **match):
+    found = [r for r in rows if all(r[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, found)
+    return found[0]
+
+
+def _loss_expected(arm):
+    """Per-document mean losses (key, new, all) by hand: d0 all new, d1 new on offsets 0..7."""
+    b, k = LOSSES[arm]
+    key = [k, k]
+    new = [(2 * k + 14 * b) / 16, (k + 7 * b) / 8, b]
+    every = [(2 * k + 14 * b) / 16, (k + 15 * b) / 16, b]
+    return key, new, every
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def test_load_records_skips_a_truncated_last_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(META) + "\n" + json.dumps(CHECK) + "\n" + '{"kind": "needle", "len')
+    assert [r["kind"] for r in load_records(path)] == ["meta", "check"]
+
+
+def test_load_records_rejects_a_malformed_middle_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(META) + "\n{oops\n" + json.dumps(CHECK) + "\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:2"):
+        load_records(path)
+
+
+def test_a_later_duplicate_replaces_an_earlier_record(records):
+    latest = latest_records(records)
+    hits = [r for r in latest if r["kind"] == "needle" and r["length"] == 4096 and r["task"] == "t1"
+            and r["sample"] == "f3" and r["arm"] == "ridgefill"]
+    assert len(hits) == 1 and hits[0]["score"] == 0.0
+
+
+def test_summary_is_json_serialisable(summary):
+    text = json.dumps(summary, allow_nan=False)
+    assert json.loads(text)["check"]["prompts"] == 5
+
+
+# -------------------------------------------------------------------------------------------- retrieval
+
+
+def test_retrieval_means_and_counts(summary):
+    rows = summary["retrieval"]
+    r = _row(rows, length=4096, task="all", arm="ridgefill", region="filled")
+    assert (r["n"], r["mean"]) == (8, 75.0)
+    assert r["low"] <= r["mean"] <= r["high"]
+    assert _row(rows, length=4096, task="t1", arm="identity", region="filled")["mean"] == 25.0
+    assert _row(rows, length=4096, task="all", arm="identity", region="tail")["mean"] == 50.0
+    exact = _row(rows, length=4096, task="all", arm="exact", region="filled")
+    assert (exact["mean"], exact["low"], exact["high"]) == (100.0, 100.0, 100.0)
+    assert not [r for r in rows if r["region"] == "straddle"]
+    assert _row(rows, length=8192, task="all", arm="ridgefill", region="filled")["n"] == 4
+
+
+def test_retrieval_diffs_paired_on_samples(summary):
+    rows = summary["retrieval_diffs"]
+    r = _row(rows, length=4096, arm="ridgefill", vs="identity")
+    assert (r["n"], r["diff"], r["b01"], r["b10"]) == (8, 50.0, 0, 4)
+    assert r["mcnemar_p"] == pytest.approx(stats.binomtest(4, 4, 0.5).pvalue)
+    r = _row(rows, length=4096, arm="ridgefill", vs="exact")
+    assert (r["diff"], r["b01"], r["b10"]) == (-25.0, 2, 0)
+    assert _row(rows, length=4096, arm="ridgefill+rows", vs="ridgefill+random")["diff"] == 50.0
+    pooled = _row(rows, length="all", arm="ridgefill", vs="exact")
+    assert pooled["n"] == 12 and pooled["diff"] == pytest.approx(-200 / 12)
+    # Arms the run never reached give no rows.
+    assert not [r for r in rows if "nofill+longtail" in (r["arm"], r["vs"]) or r["arm"] == "identity+rows"]
+
+
+# ------------------------------------------------------------------------------------------------- loss
+
+
+def test_loss_means_medians_and_counts(summary):
+    rows = summary["loss"]
+    for arm in LOSSES:
+        key, new, every = _loss_expected(arm)
+        k = _row(rows, length=N, arm=arm, metric="key")
+        assert (k["n_docs"], k["n_tokens"], k["docs_without_tokens"]) == (2, 3, 1)
+        assert k["mean"] == pytest.approx(np.mean(key))
+        n = _row(rows, length=N, arm=arm, metric="new")
+        assert (n["n_docs"], n["n_tokens"]) == (3, 16 + 8 + 16)
+        assert n["mean"] == pytest.approx(np.mean(new)) and n["median"] == pytest.approx(np.median(new))
+        a = _row(rows, length=N, arm=arm, metric="all")
+        assert a["mean"] == pytest.approx(np.mean(every)) and a["n_tokens"] == 3 * T
+
+
+def test_loss_diffs_are_paired_over_documents(summary):
+    rows = summary["loss_diffs"]
+    r = _row(rows, length=N, metric="all", arm="ridgefill", vs="exact")
+    assert r["n"] == 3 and r["diff"] == pytest.approx(np.mean(_loss_expected("ridgefill")[2]) - 1.0)
+    r = _row(rows, length=N, metric="key", arm="ridgefill", vs="identity")
+    assert (r["n"], r["diff"], r["low"], r["high"]) == (2, -2.0, -2.0, -2.0)  # every difference is -2
+    assert not [r for r in rows if r["vs"] == "nofill+longtail"]
+
+
+def test_documents_without_a_doc_record_are_unmeasured_for_new_tokens():
+    summary = summarize(_document_records(with_doc=("d0", "d1")), n_resamples=N_RESAMPLES)
+    new = _row(summary["loss"], length=N, arm="ridgefill", metric="new")
+    assert (new["n_docs"], new["docs_unmeasured"]) == (2, 1)
+
+
+def test_misaligned_scores_raise():
+    records = _document_records(docs=("d0",))
+    s = _scores("d0", "ridgefill")
+    shifted = TokenScores(N - T - 1, s.token_ids, s.logprobs, s.top_ids, s.top_logprobs).to_json()
+    records = [{**r, "scores": shifted} if r.get("arm") == "ridgefill" else r for r in records]
+    with pytest.raises(ValueError, match="start"):
+        summarize(records, n_resamples=N_RESAMPLES)
+
+
+def test_agreement_top1_kl_and_difference_against_identity(summary):
+    rows = summary["agreement"]
+    rf = _row(rows, length=N, arm="ridgefill")
+    assert (rf["n_docs"], rf["n_tokens"]) == (3, 3 * T)
+    assert rf["top1"] == pytest.approx(45 / 48)
+    assert rf["top1_doc_mean"] == pytest.approx((14 / 16 + 15 / 16 + 1) / 3)
+    assert rf["kl_median"] == pytest.approx(0.0, abs=1e-9) and rf["kl_mean"] > 0
+    assert rf["vs_identity_diff"] == pytest.approx((14 / 16 - 0 + 15 / 16 - 1 + 0) / 3)
+    ident = _row(rows, length=N, arm="identity")
+    assert ident["top1"] == pytest.approx(32 / 48) and ident["vs_identity_diff"] is None
+    assert not [r for r in rows if r["arm"] == "exact"]
+
+
+def test_splice_shares(summary):
+    rows = summary["splice"]
+    keys = _row(rows, length=N, arm="splice:keys", metric="key")
+    assert (keys["n_docs"], keys["loss"], keys["ridgefill"], keys["exact"]) == (2, 2.0, 3.0, 1.0)
+    assert keys["share"] == pytest.approx(0.5)
+    assert _row(rows, length=N, arm="splice:values", metric="new")["share"] == pytest.approx(1.0)
+    _, new_rf, _ = _loss_expected("ridgefill")
+    _, new_s, _ = _loss_expected("splice:keys")
+    expected = (np.mean(new_rf) - np.mean(new_s)) / (np.mean(new_rf) - 1.0)
+    assert _row(rows, length=N, arm="splice:keys", metric="new")["share"] == pytest.approx(expected)
+    assert not [r for r in rows if r["arm"] in ("splice:both", "splice:key_norm")]
+
+
+def test_share_is_none_when_ridgefill_matches_exact():
+    records = [r for r in _document_records() if r.get("arm") != "ridgefill"]
+    for r in _document_records():
+        if r["kind"] == "loss" and r["arm"] == "exact":
+            records.append({**r, "arm": "ridgefill"})
+    rows = summarize(records, n_resamples=N_RESAMPLES)["splice"]
+    assert rows and all(r["share"] is None for r in rows)
+
+
+def test_missing_everything_gives_empty_tables():
+    summary = summarize([], n_resamples=N_RESAMPLES)
+    assert summary["meta"] is None and summary["check"] is None
+    assert all(summary[k] == [] for k in ("retrieval", "retrieval_diffs", "loss", "loss_diffs", "agreement", "splice"))
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+
+def test_report_files_and_text(tmp_path, summary, records):
+    path = write_report(summary, tmp_path / "run", title="tiny, split 12", records=records)
+    text = path.read_text()
+    assert path.name == "REPORT.md"
+    for png in ("retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"):
+        assert (tmp_path / "run" / png).stat().st_size > 1000
+        assert f"]({png})" in text
+    assert text.index("byte-identical to stock on 5 prompts") < text.index("## Setup")
+    assert "| 4096 | ridgefill | identity | 8 | +50.0 [" in text
+    assert "75.0 [" in text
+    conclusions = text.split("## What the numbers say")[1]
+    assert "RidgeFill at least 20 points above identity: **met**" in conclusions
+    assert "RidgeFill within 5 points of exact: **not met**" in conclusions
+    assert "RidgeFill with rows within 2 points of exact: **met**" in conclusions
+    assert "no fill with an equal-cost longer tail, filled-region retrieval: not measured." in conclusions
+    assert "Key-token loss of RidgeFill below identity (nat): **met** (difference -2.000" in conclusions
+
+
+def test_report_says_loudly_when_the_check_failed(tmp_path):
+    failed = {**CHECK, "passed": False, "mismatches": ["prompt 3: token 17 differs"]}
+    summary = summarize([META, failed], n_resamples=N_RESAMPLES)
+    text = write_report(summary, tmp_path, title="t").read_text()
+    assert "CHECK FAILED" in text and "prompt 3: token 17 differs" in text
+    assert "not measured" in text and not list(tmp_path.glob("*.png"))
+
+
+def test_render_results_md_rewrites_links(tmp_path, summary):
+    dirs = [tmp_path / "runs" / "a", tmp_path / "runs" / "b"]
+    for d, title in zip(dirs, ("model A", "model B")):
+        write_report(summary, d, title=title)
+    out = render_results_md(dirs, tmp_path / "docs" / "RESULTS.md", command="python -m sgl_ridgefill.eval.render x")
+    text = out.read_text()
+    assert text.startswith("# ") and "python -m sgl_ridgefill.eval.render x" in text
+    assert "\n## model A" in text and "\n## model B" in text and "\n### Setup" in text
+    assert "](../runs/a/retrieval_filled.png)" in text and "](../runs/b/splice.png)" in text
+    assert (out.parent / "../runs/b/splice.png").exists()
