@@ -65,6 +65,16 @@ class BenchClient:
         """``POST /flush_cache``: empty the radix cache, so no request reuses another's prefix."""
         self._request("POST", "/flush_cache", {})
 
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /generate`` with ``body``; raises :class:`ServerError` on an HTTP error or an aborted request."""
+        payload = json.loads(self._request("POST", "/generate", body))
+        if isinstance(payload, dict) and payload.get("error"):
+            raise ServerError(f"POST {self.url}/generate: {payload['error']}")
+        finish = (payload.get("meta_info") or {}).get("finish_reason") or {}
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            raise ServerError(f"POST {self.url}/generate: request aborted: {finish.get('message')}")
+        return payload
+
     def time_generate(self, input_ids: list[int], custom_params: dict[str, Any] | None, *, stream: bool = False) -> Timing:
         """Send one prompt with ``max_new_tokens=1`` and time it (see module docstring)."""
         sampling: dict[str, Any] = {"max_new_tokens": 1, "temperature": 0.0}

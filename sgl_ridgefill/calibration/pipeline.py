@@ -201,6 +201,7 @@ def _solve_and_write(
         "heldout_documents": progress["heldout"]["documents"],
         "heldout_tokens": progress["heldout"]["tokens"],
         "heldout_ids": progress["heldout_ids"],
+        "read_ids": list(progress["done"]),  # every document the statistics pass read (eval leaves them out)
         "skipped_short_documents": len(progress["skipped_short"]),
         "corpus_exhausted": progress["exhausted"],
         "seed": state.run["seed"],

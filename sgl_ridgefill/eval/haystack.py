@@ -7,7 +7,7 @@ plus a word list for needle keys and the common-words task:
 - ``"text"``: the prose of the builtin calibration corpus (King James Bible and the Python documentation,
   Debian packages ``bible-kjv``, ``bible-kjv-text``, ``python3-doc``); words from that prose;
 - a folder path: every ``.txt``/``.jsonl`` document under it; words from its text, or
-  :data:`FALLBACK_WORDS` when it holds fewer distinct words than that list.
+  :data:`FALLBACK_WORDS` when it holds fewer than :data:`MIN_WORDS` distinct words.
 
 Documents a map was fitted on can be left out (``exclude_ids``) so that retrieval is scored on unseen
 text. The calibration package imports torch, so it is imported here only when a text haystack is opened.
@@ -15,6 +15,7 @@ text. The calibration package imports torch, so it is imported here only when a 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PROSE_SOURCES = ("kjv", "python-docs")
 MAX_WORDS = 20000
+MIN_WORDS = 300  # fewer distinct words than this in a text haystack: use FALLBACK_WORDS instead
 _DOC_SEPARATOR = "\n\n"
 _CHUNK_CHARS = 16384  # documents are tokenized in chunks cut at whitespace, so streams share prefixes
 _STRIP = ".,;:!?\"'()[]{}`*<>"
@@ -143,25 +145,24 @@ class Haystack:
     @functools.cached_property
     def words(self) -> tuple[str, ...]:
         """Distinct lowercase alphabetic words of 4..10 letters in first-seen order (at most
-        :data:`MAX_WORDS`); :data:`FALLBACK_WORDS` for noise or when the text has fewer than that list."""
+        :data:`MAX_WORDS`); :data:`FALLBACK_WORDS` for noise or when the text has fewer than :data:`MIN_WORDS`."""
         if self.corpus is None:
             return FALLBACK_WORDS
         found = extract_words(doc.text() for doc in self.corpus.documents)
-        return found if len(found) >= len(FALLBACK_WORDS) else FALLBACK_WORDS
+        return found if len(found) >= MIN_WORDS else FALLBACK_WORDS
 
 
-def extract_words(texts: Iterable[str], limit: int = MAX_WORDS) -> tuple[str, ...]:
+def extract_words(texts: Iterable[str], limit: int = MAX_WORDS, min_count: int = 2) -> tuple[str, ...]:
     """Whitespace-separated words, stripped of surrounding punctuation, kept when they are 4..10 ASCII
-    lowercase letters (so markup such as ``:func:`x``` and capitalised names are left out)."""
-    seen: dict[str, None] = {}
+    lowercase letters (so markup such as ``:func:`x``` and capitalised names are left out) and occur at
+    least ``min_count`` times (which drops most identifiers from code samples); first-seen order."""
+    counts: collections.Counter[str] = collections.Counter()
     for text in texts:
         for raw in text.split():
             word = raw.strip(_STRIP)
             if 4 <= len(word) <= 10 and word.isascii() and word.isalpha() and word.islower():
-                seen.setdefault(word, None)
-                if len(seen) >= limit:
-                    return tuple(seen)
-    return tuple(seen)
+                counts[word] += 1
+    return tuple(itertools.islice((w for w, c in counts.items() if c >= min_count), limit))
 
 
 @functools.lru_cache(maxsize=16)
@@ -196,15 +197,16 @@ class StreamCache:
     """Token streams per (haystack, seed, excluded ids) for one tokenizer, so samples that differ only in
     length or needle position tokenize the haystack once."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens  # read at least this much on a miss (the longest prompt planned)
         self._streams: dict[tuple[str, int, frozenset[str]], list[int]] = {}
 
     def take(self, haystack: Haystack, n: int, seed: int, exclude_ids: Iterable[str] = frozenset()) -> list[int]:
         key = (haystack.name, seed, frozenset(exclude_ids))
         stream = self._streams.get(key)
         if stream is None or len(stream) < n:
-            stream = haystack.tokens(self.tokenizer, n, seed=seed, exclude_ids=key[2])
+            stream = haystack.tokens(self.tokenizer, max(n, self.min_tokens), seed=seed, exclude_ids=key[2])
             self._streams[key] = stream
         return stream[:n]
 

@@ -31,6 +31,7 @@ EXPECTED = {
     "qwen3.8-flash-next-speed": (24, 2048, None, False, ()),
     "qwen3.8-flash-next-quality": (24, 2048, None, True, ()),
     "qwen2.5-0.5b-default": (12, 1024, None, False, ()),
+    "plain": (15, 1024, None, False, ()),
 }
 
 

@@ -1,0 +1,184 @@
+"""``sgl-ridgefill eval``: the measurement suite against a RidgeFill server (SPEC.md, "Measurement").
+
+    sgl-ridgefill eval --model qwen2.5-coder-0.5b --maps DIR --split 12 --lengths 4096 --out runs/qwen-s12
+
+Without ``--url`` it starts a stock server and a RidgeFill server on this machine (CPU), checks that the
+fill-disabled RidgeFill server answers byte for byte like stock, stops the stock one and runs every arm.
+With ``--url`` (a RidgeFill server started with ``--ridgefill-policy OUT/eval-rows.rfpolicy``, which this
+command writes, and ``--chunked-prefill-size`` at least the longest length) it needs ``--stock-url`` too.
+Results append to ``OUT/results.jsonl``; rerunning the same command resumes. ``OUT/REPORT.md`` and the
+plots are rewritten at the end (``--report-only`` rewrites them from the results alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import sys
+import time
+
+from . import arms as A
+
+DEFAULT_TASKS = "niah_single"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="measure RidgeFill's quality: needles in the filled region, key-token loss, splice tests",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--model", required=True, help="HF folder or a fetchable model name (sgl-ridgefill model list)")
+    p.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder (sgl-ridgefill calibrate)")
+    p.add_argument("--split", type=int, default=None, help="split layer (default: the maps' default split)")
+    p.add_argument("--tail", type=int, default=1024, help="tail T in tokens (default 1024)")
+    p.add_argument("--lengths", type=_ints, default=(4096,), help="prompt lengths in tokens (default 4096)")
+    p.add_argument("--out", type=pathlib.Path, required=True, help="results folder (resumable)")
+    p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"needle tasks, comma-separated, or 'all' (default {DEFAULT_TASKS})")
+    p.add_argument("--haystacks", default="noise,text", help="noise, text (registry-package prose) or a folder (default noise,text)")
+    p.add_argument("--depths", type=int, default=5, help="needle depths spread over the filled prefix, plus 4 around and in the tail (default 5)")
+    p.add_argument("--seeds", type=int, default=1, help="samples per task, haystack and depth (default 1)")
+    p.add_argument("--docs", type=int, default=4, help="long documents per length for the loss metrics (default 4; 0: none)")
+    p.add_argument("--needle-arms", default="all", help=f"arms for the needle tasks (default all: {','.join(A.NEEDLE_ARMS)})")
+    p.add_argument("--loss-arms", default="all", help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)})")
+    p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
+    p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
+    p.add_argument("--n-resamples", type=int, default=5000, help="bootstrap resamples (default 5000)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the report from OUT/results.jsonl")
+    p.set_defaults(func=_main)
+
+
+def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
+    return ["--model-path", str(model_dir), "--dtype", "bfloat16", "--chunked-prefill-size", str(max_len),
+            "--max-total-tokens", str(max_len + 2048), "--mem-fraction-static", "0.2"]
+
+
+@contextlib.contextmanager
+def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Path, max_len: int, *, need_stock: bool):
+    """Yield ``(ridgefill_url, stock_url_or_None)``; local servers are stopped on exit."""
+    if args.url:
+        if need_stock and not args.stock_url:
+            raise SystemExit("sgl-ridgefill eval: --url needs --stock-url (the stock check comes first)")
+        yield args.url, args.stock_url
+        return
+    from ..cpu.environment import cpu_environment
+    from ..cpu.launch_server_process import running_server
+
+    base = _server_flags(model_dir, max_len)
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    rf_flags = base + ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(args.maps), "--ridgefill-split",
+                       str(split), "--ridgefill-tail", str(args.tail), "--ridgefill-policy", str(policy_file)]
+    with contextlib.ExitStack() as stack:
+        print("starting the RidgeFill server (log: OUT/ridgefill-server.log) ...", flush=True)
+        rf = stack.enter_context(running_server(rf_flags, log_path=args.out / "ridgefill-server.log", env=env))
+        stock = None
+        if need_stock:
+            print("starting the stock server (log: OUT/stock-server.log) ...", flush=True)
+            stock_stack = contextlib.ExitStack()
+            stock = stock_stack.enter_context(running_server(base, log_path=args.out / "stock-server.log", env=env))
+            stack.callback(stock_stack.close)
+        yield rf, stock
+
+
+def _main(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from ..bench.client import BenchClient
+    from ..models import resolve_model
+    from .analysis import load_records, summarize
+    from .documents import calibration_ids, long_documents
+    from .needles import TASKS, make_samples
+    from .report import write_report
+    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    if args.report_only:
+        return _write(args, load_records(results))
+    model_dir = resolve_model(args.model)
+    config = json.loads((model_dir / "config.json").read_text())
+    from ..maps import load_maps
+
+    maps = load_maps(args.maps)
+    split = args.split or maps.default_split
+    if split not in maps.splits:
+        raise SystemExit(f"sgl-ridgefill eval: --split {split}: the maps folder has splits {list(maps.splits)}")
+    tasks = TASKS if args.tasks == "all" else tuple(t.strip() for t in args.tasks.split(","))
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise SystemExit(f"sgl-ridgefill eval: unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+    try:
+        needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS)
+        loss_arms = A.parse_arms(args.loss_arms, A.LOSS_ARMS)
+    except ValueError as e:
+        raise SystemExit(f"sgl-ridgefill eval: {e}") from None
+    plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
+                    longtail={n: A.longtail_tail(config, n, split, args.tail) for n in args.lengths})
+    policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"
+    policy_file.write_text(A.rows_policy_text(split, args.tail))
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    exclude = calibration_ids(args.maps)
+    haystacks = tuple(h.strip() for h in args.haystacks.split(",") if h.strip())
+    print(f"making needle prompts ({', '.join(tasks)}; {', '.join(haystacks)}) and picking documents ...", flush=True)
+    samples = make_samples(tokenizer, tasks, args.lengths, args.tail, haystacks=haystacks, seeds=tuple(range(args.seeds)),
+                           n_filled=args.depths, exclude_ids=exclude)
+    docs = {n: long_documents(tokenizer, n, args.docs, exclude=exclude) for n in args.lengths} if args.docs else {}
+
+    store = ResultStore(results)
+    if not store.has(kind="meta"):
+        store.add({"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
+                   "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
+                   "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
+                   "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[2:]),
+                   "server": args.url or "local (sgl_ridgefill.cpu.launch_server)", "threads": os.cpu_count()})
+    checked = any(r.get("kind") == "check" and r.get("passed") for r in load_records(results))
+    max_len = max(args.lengths)
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    with _servers(args, model_dir, split, policy_file, max_len, need_stock=not checked) as (rf_url, stock_url):
+        client = BenchClient(rf_url)
+        if not checked:
+            check_prompts = [s.input_ids for s in samples[:2]] + [d.prompt_ids for d in docs.get(min(args.lengths), [])[:1]]
+            check = stock_check(client, BenchClient(stock_url), check_prompts[: 3])
+            store.add(check)
+            if not check["passed"]:
+                _write(args, load_records(results))
+                print("FAILED: the fill-disabled server is not byte-identical to stock: "
+                      + "; ".join(check["mismatches"]), file=sys.stderr)
+                return 3
+            print(f"check passed: fill-disabled server byte-identical to stock on {check['prompts']} prompts", flush=True)
+        jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
+        jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
+        for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
+            (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
+    print(f"{len(jobs)} request(s) in {time.perf_counter() - started:.0f} s", flush=True)
+    return _write(args, load_records(results))
+
+
+def _write(args: argparse.Namespace, records: list[dict]) -> int:
+    from .analysis import summarize
+    from .report import write_report
+
+    summary = summarize(records, n_resamples=args.n_resamples)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    meta = summary.get("meta") or {}
+    title = f"{pathlib.Path(str(meta.get('model', 'model'))).name}, split {meta.get('split')}/{meta.get('num_layers', '?')}, tail {meta.get('tail')}"
+    path = write_report(summary, args.out, title=title, records=records)
+    print(f"report: {path}")
+    check = summary.get("check") or {}
+    return 0 if check.get("passed") else 3

@@ -1,0 +1,146 @@
+"""Run an evaluation against a RidgeFill server: the stock check, needle tasks and long-document loss,
+every arm on every prompt, appended to a resumable JSONL file (records: ``analysis.py``).
+
+Requests go one at a time, every arm of a prompt before the next prompt, and the radix cache is emptied
+before each, so no arm extends another arm's cached prefix (an exact prefix would leave RidgeFill nothing
+to fill).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..bench.client import BenchClient
+from . import arms as A
+
+CHECK_PROMPTS = 3
+CHECK_NEW_TOKENS = 8
+TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, metrics.kl_topk)
+
+
+class CheckFailed(RuntimeError):
+    """The fill-disabled server is not byte-identical to stock: every other number would be suspect."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPlan:
+    split: int
+    tail: int
+    lengths: tuple[int, ...]
+    needle_arms: tuple[str, ...]
+    loss_arms: tuple[str, ...]
+    longtail: dict[int, int]  # length -> tail of the nofill+longtail arm
+
+
+class ResultStore:
+    """``results.jsonl``: one JSON record per line, appended and flushed as each request finishes."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.done: set[tuple] = set()
+        if path.exists():
+            from .analysis import load_records
+
+            for rec in load_records(path):
+                self.done.add(self.key(rec))
+
+    @staticmethod
+    def key(rec: dict) -> tuple:
+        return (rec.get("kind"), rec.get("length"), rec.get("task"), rec.get("sample") or rec.get("doc"), rec.get("arm"))
+
+    def has(self, **rec: Any) -> bool:
+        return self.key(rec) in self.done
+
+    def add(self, rec: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.done.add(self.key(rec))
+
+
+def _generate(client: BenchClient, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
+    client.flush_cache()
+    body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}, **extra}
+    if custom is not None:
+        body["sampling_params"]["custom_params"] = custom
+    start = time.perf_counter()
+    out = client.generate(body)
+    return out, time.perf_counter() - start
+
+
+def _fingerprint(out: dict) -> str:
+    """Everything a client sees of a greedy request, as text, for byte comparison."""
+    meta = out.get("meta_info", {})
+    keep = {k: meta.get(k) for k in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs",
+                                      "input_top_logprobs", "completion_tokens")}
+    return json.dumps({"text": out.get("text"), "output_ids": out.get("output_ids"), **keep}, sort_keys=True)
+
+
+def stock_check(ridgefill: BenchClient, stock: BenchClient, prompts: Sequence[Sequence[int]]) -> dict:
+    """Send ``prompts`` (greedy, logprobs of the last 64 prompt tokens and of every output token) to the stock
+    server and, with RidgeFill disabled per request and as the exact arm, to the RidgeFill server; compare the
+    responses byte for byte."""
+    mismatches = []
+    for i, ids in enumerate(prompts):
+        lp = dict(return_logprob=True, logprob_start_len=max(len(ids) - 64, 0), top_logprobs_num=5)
+        want = _fingerprint(_generate(stock, ids, None, max_new_tokens=CHECK_NEW_TOKENS, **lp)[0])
+        for name, custom in (("enabled=false", {"ridgefill": {"enabled": False}}), ("arm=exact", {"ridgefill": "exact"})):
+            got = _fingerprint(_generate(ridgefill, ids, custom, max_new_tokens=CHECK_NEW_TOKENS, **lp)[0])
+            if got != want:
+                mismatches.append(f"prompt {i} ({len(ids)} tokens), {name}")
+    return {"kind": "check", "passed": not mismatches, "prompts": len(prompts),
+            "compared": "output ids, text, output and prompt logprobs (top 5), greedy, "
+                        f"{CHECK_NEW_TOKENS} new tokens; RidgeFill server with enabled=false and arm=exact vs stock",
+            "mismatches": mismatches}
+
+
+def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[Any, str]]:
+    for sample in samples:
+        for arm in plan.needle_arms:
+            if not store.has(kind="needle", length=sample.length, task=sample.task, sample=sample.id, arm=arm):
+                yield sample, arm
+
+
+def run_needle(client: BenchClient, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
+    from .needles import string_match_all
+
+    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length))
+    out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
+    text = out.get("text", "")
+    store.add({
+        "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
+        "sample": sample.id, "arm": arm, "region": sample.region, "depth": sample.depth,
+        "position": sample.needle_spans[0][0], "score": string_match_all(text, sample.answers), "output": text,
+        "answers": list(sample.answers), "seconds": round(seconds, 3),
+    })
+
+
+def loss_jobs(store: ResultStore, docs_by_length: dict[int, list], plan: EvalPlan) -> Iterator[tuple[Any, str]]:
+    for length, docs in docs_by_length.items():
+        for doc in docs:
+            for arm in plan.loss_arms + (A.CUT,):
+                if not store.has(kind="loss", length=length, doc=doc.id, arm=arm):
+                    yield doc, arm
+
+
+def run_loss(client: BenchClient, store: ResultStore, doc, arm: str, plan: EvalPlan) -> None:
+    """Score the document's last ``T`` tokens: each arm over the whole document (only tail rows have
+    outputs under RidgeFill), ``cut`` over the tail alone."""
+    from .metrics import TokenScores
+
+    length = len(doc.prompt_ids)
+    if not store.has(kind="doc", length=length, doc=doc.id):
+        store.add({"kind": "doc", "length": length, "doc": doc.id, "source": doc.source, "prompt_ids": list(doc.prompt_ids)})
+    boundary = length - plan.tail
+    ids = doc.prompt_ids[boundary:] if arm == A.CUT else doc.prompt_ids
+    start = 0 if arm == A.CUT else boundary
+    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(length))
+    out, seconds = _generate(client, ids, custom, max_new_tokens=1, return_logprob=True, logprob_start_len=start,
+                             top_logprobs_num=TOP_LOGPROBS)
+    scores = TokenScores.from_meta_info(out["meta_info"], boundary)
+    store.add({"kind": "loss", "length": length, "doc": doc.id, "arm": arm, "scores": scores.to_json(),
+               "seconds": round(seconds, 3)})

@@ -1,0 +1,85 @@
+"""``sgl-ridgefill eval`` end to end on a tiny random model: two real CPU servers, the stock check, needle
+and loss records for every arm asked for, the splice that restores exact keys and values scoring like the
+exact arm, the report, and resuming without repeating a request."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sgl_ridgefill.calibration.corpus import CalibrationError, builtin_corpus
+from tests.engine.conftest import SPLIT
+from tests.support.engines import REPO
+
+pytestmark = pytest.mark.engine
+
+
+def _eval(model, out, *extra):
+    cmd = [sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", str(model.path), "--maps", str(model.maps_dir),
+           "--split", str(SPLIT), "--tail", "64", "--lengths", "512", "--out", str(out), "--docs", "1", "--depths", "1",
+           "--haystacks", "noise", "--needle-arms", "ridgefill,nofill+longtail", "--loss-arms", "ridgefill,splice:both",
+           "--n-resamples", "200", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIDGEFILL_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_models, tmp_path_factory):
+    try:
+        builtin_corpus()
+    except CalibrationError as e:
+        pytest.skip(str(e))
+    model = tiny_models("qwen2")
+    out = tmp_path_factory.mktemp("eval")
+    first = _eval(model, out)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    again = _eval(model, out)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-6000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return out, records, first, again
+
+
+def test_the_stock_check_runs_first_and_passes(run):
+    _, records, _, _ = run
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "meta" and kinds[1] == "check"
+    assert records[1]["passed"] and records[1]["prompts"] == 3, records[1]
+
+
+def test_every_sample_gets_every_arm(run):
+    _, records, _, _ = run
+    needles = [r for r in records if r["kind"] == "needle"]
+    samples = {r["sample"] for r in needles}
+    assert len(samples) >= 3  # a filled depth + the grid around and in the tail
+    assert {(s, a) for s in samples for a in ("exact", "ridgefill", "nofill+longtail")} == {(r["sample"], r["arm"]) for r in needles}
+    assert "filled" in {r["region"] for r in needles} and len({r["region"] for r in needles}) >= 2
+    assert all(0.0 <= r["score"] <= 100.0 for r in needles)
+    losses = {r["arm"] for r in records if r["kind"] == "loss"}
+    assert losses == {"exact", "ridgefill", "splice:both", "cut"}
+
+
+def test_splice_both_scores_like_exact_and_ridgefill_does_not(run):
+    from sgl_ridgefill.eval.metrics import TokenScores
+
+    _, records, _, _ = run
+    scores = {r["arm"]: TokenScores.from_json(r["scores"]) for r in records if r["kind"] == "loss"}
+    exact, both, rf = scores["exact"].logprobs[1:], scores["splice:both"].logprobs[1:], scores["ridgefill"].logprobs[1:]
+    assert len(exact) == 63
+    assert max(abs(a - b) for a, b in zip(exact, both)) < 0.05  # bf16 server: same values, other summation order
+    assert max(abs(a - b) for a, b in zip(exact, rf)) > 0.05
+    assert all(math.isfinite(x) for x in exact)
+
+
+def test_report_and_resume(run):
+    out, _, first, again = run
+    report = (out / "REPORT.md").read_text()
+    assert "byte-identical" in report
+    assert any(p.suffix == ".png" for p in out.iterdir())
+    assert "0 request(s)" in again.stdout, again.stdout[-2000:]
+    assert "check passed" in first.stdout
