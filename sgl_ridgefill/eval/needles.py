@@ -356,9 +356,9 @@ def _cwe_example(rng: random.Random, words: Sequence[str], common_repeat: int, r
 def _fill_exact(tok: Any, seq: list[str], lens: list[int], budget: int, common: set[str], spare: list[str]) -> tuple[list[str], list[int]]:
     """Append once-only words from ``spare`` so the item tokens sum to ``budget`` exactly.
 
-    The last few tokens are solved exactly over single words and two-word compounds ("goalhouse"): with
-    a large vocabulary every common word is one token and every item the same size, and compounds bring
-    the other sizes. When nothing fits the room left, the last non-common item is dropped (renumbering
+    The last few tokens are solved exactly over single words and two- and three-word compounds
+    ("goalhouse"): with a large vocabulary every common word is one token and every item the same size,
+    and compounds bring the other sizes. When nothing fits the room left, the last non-common item is dropped (renumbering
     the items after it) and the search runs again.
     """
     seq, lens = list(seq), list(lens)
@@ -376,9 +376,11 @@ def _fill_exact(tok: Any, seq: list[str], lens: list[int], budget: int, common: 
                 room -= size
                 index += 1
         left = [w for w in spare if w not in set(extra)][:48]
-        if len(left) < 2:
+        if len(left) < 3:
             raise ValueError(f"cwe: ran out of spare words to fill {room} tokens")
-        candidates = left[:24] + [a + b for a, b in zip(left[:24], left[24:] + left[:24]) if a != b and len(a + b) <= 20]
+        pairs = [a + b for a, b in zip(left, left[1:] + left[:1])]
+        triples = [a + b + c for a, b, c in zip(left[:16], left[16:32], left[32:48])]
+        candidates = list(dict.fromkeys(left[:16] + pairs + triples))
         last = _exact_items(tok, room, index, candidates, depth=8, failed=set())
         if last is not None:
             extra += last

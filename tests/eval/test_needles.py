@@ -194,6 +194,8 @@ def test_errors_name_the_value(tok, tmp_path):
         make_sample(tok, "niah_single", 80, 10, 40)
     with pytest.raises(ValueError, match="length 300 is too small for 'cwe'"):
         make_sample(tok, "cwe", 300, 10, 0)
+    with pytest.raises(ValueError, match="needs more distinct words than the 'noise' word list"):
+        make_sample(tok, "cwe", 30000, 10, 0, haystack="noise")
     for position in (0, 999, -5):
         with pytest.raises(ValueError, match=f"position {position} is out of range"):
             make_sample(tok, "niah_single", 1000, TAIL, position)
