@@ -97,10 +97,9 @@ def _main(args: argparse.Namespace) -> int:
 
     from ..bench.client import BenchClient
     from ..models import resolve_model
-    from .analysis import load_records, summarize
+    from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
-    from .report import write_report
     from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +142,7 @@ def _main(args: argparse.Namespace) -> int:
                    "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
                    "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
                    "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
-                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[2:]),
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
                    "server": args.url or "local (sgl_ridgefill.cpu.launch_server)", "threads": os.cpu_count()})
     checked = any(r.get("kind") == "check" and r.get("passed") for r in load_records(results))
     max_len = max(args.lengths)

@@ -88,7 +88,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
 
     maps_folder = maps = token_counts = None
     if config.maps:
-        from ..maps import MapsError, load_maps, model_fingerprint
+        from ..maps import load_maps, model_fingerprint
 
         maps_folder = load_maps(config.maps)
         inner = adapter.model
@@ -96,7 +96,6 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         for warning in maps_folder.check_model(fingerprint):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
-        del MapsError
     server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
     default_split = maps_folder.default_split if maps_folder is not None else None
     if maps_folder is not None:
