@@ -15,14 +15,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from . import plots
 from .analysis import (ALL, EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
                        arm_sort_key, latest_records)
 
 REPORT_NAME = "REPORT.md"
 FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
-DEPTH_BINS = 10
 _NA = "–"
 
 Row = Mapping[str, Any]
@@ -45,7 +43,7 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               "Mean score (0-100) of the samples whose needle lies in the filled prefix, pooled over tasks; "
               "95% BCa bootstrap interval in brackets, number of samples in parentheses."]
     parts += [_by_length_table([r for r in filled if r["task"] == ALL], "mean", _score),
-              _image(_plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
+              _image(plots.plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
     if any(r["task"] != ALL for r in filled):
         parts += ["Per task (filled region):", _by_length_table([r for r in filled if r["task"] != ALL], "mean",
                                                                   _score, task_column=True)]
@@ -55,10 +53,10 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               _by_length_table([r for r in tail if r["task"] == ALL], "mean", _score)]
     if records is not None:
         needles = [r for r in latest_records(records) if r["kind"] == "needle"]
-        depth = _plot_depth(needles, meta, out_dir / DEPTH_PNG)
+        depth = plots.plot_depth(needles, meta, out_dir / DEPTH_PNG)
         if depth is not None:
             parts += ["## Retrieval against needle depth", "Mean score by needle position / prompt length "
-                      f"({DEPTH_BINS} bins, every region); dashed: the tail boundary, dotted: the longer tail of "
+                      f"({plots.DEPTH_BINS} bins, every region); dashed: the tail boundary, dotted: the longer tail of "
                       "nofill+longtail where it ran.", _image(depth, "Retrieval against depth")]
     parts += ["## Paired retrieval differences, filled region",
               "Difference of mean scores on the same samples (first arm minus second), 95% BCa interval from "
@@ -68,7 +66,7 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     parts += ["## Loss", "Per-document mean loss (nat) on key tokens (loss with the context cut to the tail "
               "exceeds exact by more than 2 nat), on new tokens (outside any repeated 8-token span) and on all "
               "scored tail tokens; mean over documents with a 95% interval, median after the slash.",
-              _loss_table(summary["loss"]), _image(_plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
+              _loss_table(summary["loss"]), _image(plots.plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
     parts += ["## Paired loss differences", "First arm minus second, paired over documents (95% BCa interval).",
               _loss_diff_table(summary["loss_diffs"])]
     parts += ["## Decoding agreement with exact", "Top-1 agreement pooled over tokens and averaged per document; "
@@ -77,7 +75,7 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     parts += ["## Splice tests", "RidgeFill with exact keys, exact values, both, or only the exact key "
               "magnitude on the filled rows; share of RidgeFill's excess loss over exact that the splice "
               "removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached.",
-              _splice_table(summary["splice"]), _image(_plot_splice(summary["splice"], out_dir / SPLICE_PNG),
+              _splice_table(summary["splice"]), _image(plots.plot_splice(summary["splice"], out_dir / SPLICE_PNG),
                                                        "Splice: share of loss removed")]
     parts += ["## What the numbers say", _conclusions(summary)]
     path = out_dir / REPORT_NAME
@@ -222,10 +220,6 @@ def _splice_table(rows: Sequence[Row]) -> str:
 # ------------------------------------------------------------------------------------------- conclusions
 
 
-def _find(rows: Sequence[Row], **match: Any) -> Row | None:
-    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
-
-
 def _target(name: str, row: Row | None, key: str, op: str, threshold: float, fmt) -> str:
     """One line: met / not met by the point estimate (``op`` is ">=", ">" or "<" against ``threshold``), and
     whether the interval settles it."""
@@ -273,141 +267,16 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
         head = "All lengths pooled" if length == ALL else f"{length} tokens"
         lines = [f"**{head}.**"]
         for label, arm, vs in _RETRIEVAL_STATEMENTS:
-            r = _find(diffs, length=length, arm=arm, vs=vs)
+            r = plots.find_row(diffs, length=length, arm=arm, vs=vs)
             lines.append(f"- {label}, filled-region retrieval: " + (
                 "not measured." if r is None else f"{_ci(r, 'diff', pts)} points over {r['n']} samples."))
         for label, arm, vs, op, threshold in RETRIEVAL_TARGETS:
-            lines.append(_target(label, _find(diffs, length=length, arm=arm, vs=vs), "diff", op, threshold, pts))
+            lines.append(_target(label, plots.find_row(diffs, length=length, arm=arm, vs=vs), "diff", op, threshold, pts))
         if length != ALL:
-            key = _find(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
+            key = plots.find_row(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
             lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))
         out.append("\n".join(lines))
     return "\n\n".join(out)
-
-
-# --------------------------------------------------------------------------------------------------- plots
-
-
-def _color(arm: str) -> Any:
-    """The same colour for an arm in every plot and panel."""
-    from matplotlib import colormaps
-
-    i = arm_sort_key(arm)[0]
-    return colormaps["tab20"]((2 * i + i // 10) % 20)  # the ten strong colours first, then their light twins
-
-
-def _figure(ncols: int, width: float = 5.5, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * ncols, height))
-    FigureCanvasAgg(fig)
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
-
-
-def _save(fig, path: pathlib.Path) -> pathlib.Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def _grouped_bars(ax, rows: Sequence[Row], key: str) -> None:
-    """Bars of ``key`` with interval error bars: one group per length, one bar per arm."""
-    lengths = sorted({r["length"] for r in rows})
-    arms = sorted({r["arm"] for r in rows}, key=arm_sort_key)
-    width = 0.8 / max(len(arms), 1)
-    for j, arm in enumerate(arms):
-        xs, ys, err = [], [], [[], []]
-        for i, length in enumerate(lengths):
-            r = _find(rows, length=length, arm=arm)
-            if r is None or r.get(key) is None:
-                continue
-            xs.append(i - 0.4 + width * (j + 0.5))
-            ys.append(r[key])
-            err[0].append(max(r[key] - r["low"], 0.0) if r.get("low") is not None else 0.0)
-            err[1].append(max(r["high"] - r[key], 0.0) if r.get("high") is not None else 0.0)
-        # Lists, not an array: matplotlib 3.11 warns on a [2, 1] array for a single bar.
-        has_err = any(e > 0 for e in err[0] + err[1])
-        ax.bar(xs, ys, width, yerr=err if has_err else None, capsize=2, label=arm, color=_color(arm))
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_xlabel("prompt tokens")
-    ax.grid(axis="y", alpha=0.3)
-
-
-def _plot_retrieval(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    rows = [r for r in rows if r["task"] == ALL and r.get("mean") is not None]
-    if not rows:
-        return None
-    fig, (ax,) = _figure(1, width=8)
-    _grouped_bars(ax, rows, "mean")
-    ax.set_ylabel("filled-region score (0-100)")
-    ax.set_ylim(0, 105)
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
-
-
-def _plot_depth(needles: Sequence[Row], meta: Row, path: pathlib.Path) -> pathlib.Path | None:
-    lengths = sorted({r["length"] for r in needles})
-    if not lengths:
-        return None
-    fig, axes = _figure(len(lengths), width=4.5)
-    edges = np.linspace(0.0, 1.0, DEPTH_BINS + 1)
-    for ax, length in zip(axes, lengths):
-        here = [r for r in needles if r["length"] == length]
-        for arm in sorted({r["arm"] for r in here}, key=arm_sort_key):
-            depth = np.array([r["position"] / length for r in here if r["arm"] == arm])
-            score = np.array([r["score"] for r in here if r["arm"] == arm], dtype=float)
-            bins = np.clip(np.digitize(depth, edges) - 1, 0, DEPTH_BINS - 1)
-            used = [b for b in range(DEPTH_BINS) if (bins == b).any()]
-            centres = (edges[:-1] + edges[1:]) / 2
-            ax.plot(centres[used], [score[bins == b].mean() for b in used], "-o", ms=3, alpha=0.8, label=arm,
-                    color=_color(arm))
-        if meta.get("tail"):
-            ax.axvline(1 - meta["tail"] / length, color="black", ls="--", lw=0.8)
-        longtail = (meta.get("longtail_tail") or {}).get(str(length))
-        if longtail:
-            ax.axvline(1 - longtail / length, color="gray", ls=":", lw=0.8)
-        ax.set_title(f"{length} tokens")
-        ax.set_xlabel("needle position / length")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(-2, 105)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("score (0-100)")
-    return _save(fig, path)
-
-
-def _plot_loss(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    # The cut arm (no prefix at all) is left out: it is far above the others by construction on key tokens.
-    panels = [(m, [r for r in rows if r["metric"] == m and r["arm"] != "cut" and r.get("mean") is not None])
-              for m in ("key", "new")]
-    panels = [(m, r) for m, r in panels if r]
-    if not panels:
-        return None
-    fig, axes = _figure(len(panels), width=6)
-    for ax, (metric, metric_rows) in zip(axes, panels):
-        _grouped_bars(ax, metric_rows, "mean")
-        ax.set_ylabel(f"{metric}-token loss (nat)")
-        ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
-
-
-def _plot_splice(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    panels = [(m, [r for r in rows if r["metric"] == m and r["share"] is not None]) for m in ("key", "new")]
-    panels = [(m, r) for m, r in panels if r]
-    if not panels:
-        return None
-    fig, axes = _figure(len(panels), width=5.5)
-    for ax, (metric, metric_rows) in zip(axes, panels):
-        _grouped_bars(ax, [{**r, "share": 100 * r["share"]} for r in metric_rows], "share")
-        ax.axhline(100, color="black", ls="--", lw=0.8)
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_ylabel(f"share of RidgeFill's {metric}-token loss removed (%)")
-        ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-# ------------------------------------------------------------------------------------------------- results
 
 
 _LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")

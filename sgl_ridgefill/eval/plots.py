@@ -1,0 +1,142 @@
+"""The evaluation report's plots (matplotlib, Agg backend, imported lazily): filled-region retrieval,
+retrieval against needle depth, loss per arm, and the splice tests' share of loss removed."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .analysis import ALL, arm_sort_key
+
+DEPTH_BINS = 10
+Row = Mapping[str, Any]
+
+
+def find_row(rows: Sequence[Row], **match: Any) -> Row | None:
+    """The first row whose fields equal ``match``."""
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _color(arm: str) -> Any:
+    """The same colour for an arm in every plot and panel."""
+    from matplotlib import colormaps
+
+    i = arm_sort_key(arm)[0]
+    return colormaps["tab20"]((2 * i + i // 10) % 20)  # the ten strong colours first, then their light twins
+
+
+def _figure(ncols: int, width: float = 5.5, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height))
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _grouped_bars(ax, rows: Sequence[Row], key: str) -> None:
+    """Bars of ``key`` with interval error bars: one group per length, one bar per arm."""
+    lengths = sorted({r["length"] for r in rows})
+    arms = sorted({r["arm"] for r in rows}, key=arm_sort_key)
+    width = 0.8 / max(len(arms), 1)
+    for j, arm in enumerate(arms):
+        xs, ys, err = [], [], [[], []]
+        for i, length in enumerate(lengths):
+            r = find_row(rows, length=length, arm=arm)
+            if r is None or r.get(key) is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            ys.append(r[key])
+            err[0].append(max(r[key] - r["low"], 0.0) if r.get("low") is not None else 0.0)
+            err[1].append(max(r["high"] - r[key], 0.0) if r.get("high") is not None else 0.0)
+        # Lists, not an array: matplotlib 3.11 warns on a [2, 1] array for a single bar.
+        has_err = any(e > 0 for e in err[0] + err[1])
+        ax.bar(xs, ys, width, yerr=err if has_err else None, capsize=2, label=arm, color=_color(arm))
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt tokens")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_retrieval(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    rows = [r for r in rows if r["task"] == ALL and r.get("mean") is not None]
+    if not rows:
+        return None
+    fig, (ax,) = _figure(1, width=8)
+    _grouped_bars(ax, rows, "mean")
+    ax.set_ylabel("filled-region score (0-100)")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def plot_depth(needles: Sequence[Row], meta: Row, path: pathlib.Path) -> pathlib.Path | None:
+    lengths = sorted({r["length"] for r in needles})
+    if not lengths:
+        return None
+    fig, axes = _figure(len(lengths), width=4.5)
+    edges = np.linspace(0.0, 1.0, DEPTH_BINS + 1)
+    for ax, length in zip(axes, lengths):
+        here = [r for r in needles if r["length"] == length]
+        for arm in sorted({r["arm"] for r in here}, key=arm_sort_key):
+            depth = np.array([r["position"] / length for r in here if r["arm"] == arm])
+            score = np.array([r["score"] for r in here if r["arm"] == arm], dtype=float)
+            bins = np.clip(np.digitize(depth, edges) - 1, 0, DEPTH_BINS - 1)
+            used = [b for b in range(DEPTH_BINS) if (bins == b).any()]
+            centres = (edges[:-1] + edges[1:]) / 2
+            ax.plot(centres[used], [score[bins == b].mean() for b in used], "-o", ms=3, alpha=0.8, label=arm,
+                    color=_color(arm))
+        if meta.get("tail"):
+            ax.axvline(1 - meta["tail"] / length, color="black", ls="--", lw=0.8)
+        longtail = (meta.get("longtail_tail") or {}).get(str(length))
+        if longtail:
+            ax.axvline(1 - longtail / length, color="gray", ls=":", lw=0.8)
+        ax.set_title(f"{length} tokens")
+        ax.set_xlabel("needle position / length")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-2, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("score (0-100)")
+    return _save(fig, path)
+
+
+def plot_loss(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    # The cut arm (no prefix at all) is left out: it is far above the others by construction on key tokens.
+    panels = [(m, [r for r in rows if r["metric"] == m and r["arm"] != "cut" and r.get("mean") is not None])
+              for m in ("key", "new")]
+    panels = [(m, r) for m, r in panels if r]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=6)
+    for ax, (metric, metric_rows) in zip(axes, panels):
+        _grouped_bars(ax, metric_rows, "mean")
+        ax.set_ylabel(f"{metric}-token loss (nat)")
+        ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def plot_splice(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    panels = [(m, [r for r in rows if r["metric"] == m and r["share"] is not None]) for m in ("key", "new")]
+    panels = [(m, r) for m, r in panels if r]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=5.5)
+    for ax, (metric, metric_rows) in zip(axes, panels):
+        _grouped_bars(ax, [{**r, "share": 100 * r["share"]} for r in metric_rows], "share")
+        ax.axhline(100, color="black", ls="--", lw=0.8)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel(f"share of RidgeFill's {metric}-token loss removed (%)")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------- results
