@@ -316,9 +316,11 @@ def _agreement(documents: Sequence[Document], n_resamples: int) -> list[dict[str
             top1, kl, doc_top1 = [], [], {}
             for d in docs:
                 if arm in d.arms:
-                    agree = np.asarray(top1_agreement(d.arms[EXACT], d.arms[arm]), dtype=bool)
+                    divergence = np.asarray(kl_topk(d.arms[EXACT], d.arms[arm]), dtype=float)
+                    listed = ~np.isnan(divergence)  # positions where both arms have a top list (not the first)
+                    agree = np.asarray(top1_agreement(d.arms[EXACT], d.arms[arm]), dtype=bool)[listed]
                     top1.append(agree)
-                    kl.append(np.asarray(kl_topk(d.arms[EXACT], d.arms[arm]), dtype=float))
+                    kl.append(divergence[listed])
                     doc_top1[d.doc] = float(agree.mean()) if len(agree) else math.nan
             if not top1:
                 continue

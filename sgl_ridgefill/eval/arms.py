@@ -55,8 +55,8 @@ def longtail_tail(config: Mapping[str, Any], length: int, split: int, tail: int)
     return lo
 
 
-def arm_params(arm: str, *, split: int, tail: int, longtail: int | None = None) -> dict[str, Any]:
-    """``custom_params`` for one request of ``arm``."""
+def arm_params(arm: str, *, split: int, tail: int, longtail: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """``custom_params`` for one request of ``arm``; ``seed`` draws the random control's rows."""
     base = {"split": split, "tail": tail}
     if arm in (EXACT, CUT):
         return {"ridgefill": {"arm": "exact"}}
@@ -65,7 +65,7 @@ def arm_params(arm: str, *, split: int, tail: int, longtail: int | None = None) 
     if arm in (IDENTITY_ROWS, RIDGEFILL_ROWS):
         return {"ridgefill": {**base, "arm": arm.split("+")[0], "policy": ROWS_POLICY}}
     if arm == RIDGEFILL_RANDOM:
-        return {"ridgefill": {**base, "arm": RIDGEFILL, "policy": ROWS_POLICY, "control": "random"}}
+        return {"ridgefill": {**base, "arm": RIDGEFILL, "policy": ROWS_POLICY, "control": "random", "seed": seed}}
     if arm == NOFILL_LONGTAIL:
         if longtail is None:
             raise ValueError("the nofill+longtail arm needs its tail (longtail_tail)")

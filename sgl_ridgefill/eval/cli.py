@@ -4,6 +4,7 @@
 
 Without ``--url`` it starts a stock server and a RidgeFill server on this machine (CPU), checks that the
 fill-disabled RidgeFill server answers byte for byte like stock, stops the stock one and runs every arm.
+A RidgeFill arm that comes back bit-identical to exact stops the run (the server did not fill).
 With ``--url`` (a RidgeFill server started with ``--ridgefill-policy OUT/eval-rows.rfpolicy``, which this
 command writes, and ``--chunked-prefill-size`` at least the longest length) it needs ``--stock-url`` too.
 Results append to ``OUT/results.jsonl``; rerunning the same command resumes. ``OUT/REPORT.md`` and the
@@ -67,11 +68,12 @@ def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
 
 @contextlib.contextmanager
 def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Path, max_len: int, *, need_stock: bool):
-    """Yield ``(ridgefill_url, stock_url_or_None)``; local servers are stopped on exit."""
+    """Yield ``(ridgefill_url, stock_url_or_None, stop_stock)``; local servers are stopped on exit, the stock
+    one as soon as ``stop_stock()`` is called (after the check)."""
     if args.url:
         if need_stock and not args.stock_url:
             raise SystemExit("sgl-ridgefill eval: --url needs --stock-url (the stock check comes first)")
-        yield args.url, args.stock_url
+        yield args.url, args.stock_url, lambda: None
         return
     from ..cpu.environment import cpu_environment
     from ..cpu.launch_server_process import running_server
@@ -80,19 +82,43 @@ def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
     rf_flags = base + ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(args.maps), "--ridgefill-split",
                        str(split), "--ridgefill-tail", str(args.tail), "--ridgefill-policy", str(policy_file)]
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack, contextlib.ExitStack() as stock_stack:
         print("starting the RidgeFill server (log: OUT/ridgefill-server.log) ...", flush=True)
         rf = stack.enter_context(running_server(rf_flags, log_path=args.out / "ridgefill-server.log", env=env))
         stock = None
         if need_stock:
             print("starting the stock server (log: OUT/stock-server.log) ...", flush=True)
-            stock_stack = contextlib.ExitStack()
             stock = stock_stack.enter_context(running_server(base, log_path=args.out / "stock-server.log", env=env))
-            stack.callback(stock_stack.close)
-        yield rf, stock
+        yield rf, stock, stock_stack.close
+
+
+def _check_server(client, max_len: int) -> None:
+    """A server given with --url must prefill the longest prompt in one chunk (prompt logprobs of the tail)."""
+    try:
+        info = client.get_json("/get_server_info")
+    except Exception:  # noqa: BLE001 - older servers: the runner's bit-identity check still catches it
+        return
+    chunk = info.get("chunked_prefill_size")
+    if isinstance(chunk, int) and 0 < chunk < max_len:
+        raise SystemExit(f"sgl-ridgefill eval: the server's --chunked-prefill-size is {chunk}, below the longest "
+                         f"length {max_len}; restart it with --chunked-prefill-size {max_len}")
+
+
+_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction")
 
 
 def _main(args: argparse.Namespace) -> int:
+    from ..bench.client import ServerError
+    from ..maps import MapsError
+    from .runner import RanExact
+
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError, ServerError, MapsError, RanExact) as e:
+        raise SystemExit(f"sgl-ridgefill eval: {e}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..bench.client import BenchClient
@@ -105,6 +131,8 @@ def _main(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     if args.report_only:
+        if not results.exists():
+            raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")
         return _write(args, load_records(results))
     model_dir = resolve_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
@@ -137,7 +165,14 @@ def _main(args: argparse.Namespace) -> int:
     docs = {n: long_documents(tokenizer, n, args.docs, exclude=exclude) for n in args.lengths} if args.docs else {}
 
     store = ResultStore(results)
-    if not store.has(kind="meta"):
+    settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
+                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100}
+    if store.meta is not None:
+        changed = [f"{k}: {store.meta.get(k)!r} -> {settings[k]!r}" for k in _SETTINGS if store.meta.get(k) != settings[k]]
+        if changed:
+            raise SystemExit(f"sgl-ridgefill eval: {results} holds a run with other settings ({'; '.join(changed)}); "
+                             "use another --out")
+    else:
         store.add({"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
                    "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
                    "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
@@ -149,11 +184,15 @@ def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     started = time.perf_counter()
-    with _servers(args, model_dir, split, policy_file, max_len, need_stock=not checked) as (rf_url, stock_url):
+    check_prompts = [s.input_ids for s in samples[:2]] + [d.prompt_ids for d in docs.get(min(args.lengths), [])[:1]]
+    if not check_prompts:
+        raise SystemExit("sgl-ridgefill eval: nothing to run (no needle samples and --docs 0)")
+    with _servers(args, model_dir, split, policy_file, max_len, need_stock=not checked) as (rf_url, stock_url, stop_stock):
         client = BenchClient(rf_url)
+        if args.url:
+            _check_server(client, max_len)
         if not checked:
-            check_prompts = [s.input_ids for s in samples[:2]] + [d.prompt_ids for d in docs.get(min(args.lengths), [])[:1]]
-            check = stock_check(client, BenchClient(stock_url), check_prompts[: 3])
+            check = stock_check(client, BenchClient(stock_url), check_prompts)
             store.add(check)
             if not check["passed"]:
                 _write(args, load_records(results))
@@ -161,6 +200,7 @@ def _main(args: argparse.Namespace) -> int:
                       + "; ".join(check["mismatches"]), file=sys.stderr)
                 return 3
             print(f"check passed: fill-disabled server byte-identical to stock on {check['prompts']} prompts", flush=True)
+        stop_stock()
         jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
         jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
         for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):

@@ -21,6 +21,7 @@ class LongDocument:
     id: str
     source: str
     prompt_ids: tuple[int, ...]  # exactly ``length`` tokens
+    has_bos: bool = False  # prompt_ids[0] is the tokenizer's BOS
 
 
 def calibration_ids(maps_dir: str | pathlib.Path | None) -> frozenset[str]:
@@ -61,7 +62,7 @@ def long_documents(
         ids = bos + tokenizer(doc.text(), add_special_tokens=False, verbose=False)["input_ids"]
         if len(ids) < length:
             continue
-        out.append(LongDocument(doc.id, doc.source, tuple(ids[:length])))
+        out.append(LongDocument(doc.id, doc.source, tuple(ids[:length]), has_bos=bool(bos)))
         if len(out) == count:
             return out
     raise ValueError(

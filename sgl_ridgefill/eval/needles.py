@@ -72,8 +72,8 @@ class NeedleSample:
     ``needle_spans``: ``[start, end)`` token spans of the needles the answer depends on, in prompt order
     (for cwe: every occurrence of a common word). ``depth``: the first span's start over ``length``.
     ``region``: ``"filled"`` if every span ends by ``length - tail``, ``"tail"`` if every span starts at or
-    after it, else ``"straddle"``; for cwe ``"filled"`` if at least half the occurrences end by it, else
-    ``"tail"``.
+    after it, else ``"straddle"`` (for cwe, whose spans are every occurrence of a common word, usually
+    ``"straddle"``).
     """
 
     id: str
@@ -340,10 +340,9 @@ def _build_cwe(tok: Any, length: int, tail: int, hay: Haystack, seed: int, depth
     ids = head + [t for ids_ in _encode_items(tok, seq, 1) for t in ids_] + question
     counts = collections.Counter(seq)
     assert min(counts[w] for w in common) > max((c for w, c in counts.items() if w not in common), default=0), "cwe: common words must recur most"
-    boundary = length - tail
-    region = "filled" if 2 * sum(b <= boundary for _, b in spans) >= len(spans) else "tail"
-    return NeedleSample(sample_id, "cwe", "words", length, tuple(ids), tuple(common), tuple(spans),
-                        spans[0][0] / length, region, MAX_NEW_TOKENS["cwe"])
+    # The word list spans the whole context, so a cwe sample is usually "straddle": the tail alone holds
+    # enough occurrences to answer, and it must not count as filled-region retrieval.
+    return _sample(sample_id, "cwe", "words", length, tail, ids, tuple(common), spans)
 
 
 def _cwe_example(rng: random.Random, words: Sequence[str], common_repeat: int, rare_repeat: int) -> str:

@@ -40,7 +40,8 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     filled = [r for r in summary["retrieval"] if r["region"] == "filled"]
     tail = [r for r in summary["retrieval"] if r["region"] == "tail"]
     parts += ["## Needle retrieval, filled region",
-              "Mean score (0-100) of the samples whose needle lies in the filled prefix, pooled over tasks; "
+              "Mean score (0-100) of the samples whose needle lies in RidgeFill's filled prefix (for "
+              "nofill+longtail, part of it lies in that arm's longer exact tail), pooled over tasks; "
               "95% BCa bootstrap interval in brackets, number of samples in parentheses."]
     parts += [_by_length_table([r for r in filled if r["task"] == ALL], "mean", _score),
               _image(plots.plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
@@ -48,8 +49,8 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
         parts += ["Per task (filled region):", _by_length_table([r for r in filled if r["task"] != ALL], "mean",
                                                                   _score, task_column=True)]
     parts += ["## Needle retrieval, tail region", "Samples whose needle lies in the tail, which every arm "
-              "computes with the full model; the tail still attends to the filled prefix, so a drop here is the "
-              "fill's indirect harm.",
+              "computes with the full model; under the fill arms the tail attends to the filled prefix, so a drop "
+              "here is the fill's indirect harm (nofill's tail sees no prefix at all).",
               _by_length_table([r for r in tail if r["task"] == ALL], "mean", _score)]
     if records is not None:
         needles = [r for r in latest_records(records) if r["kind"] == "needle"]
@@ -63,9 +64,10 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               "resampling within task; McNemar's exact test on full-score success (b01: only the second arm "
               "succeeds, b10: only the first).", _retrieval_diff_table(summary["retrieval_diffs"])]
 
-    parts += ["## Loss", "Per-document mean loss (nat) on key tokens (loss with the context cut to the tail "
-              "exceeds exact by more than 2 nat), on new tokens (outside any repeated 8-token span) and on all "
-              "scored tail tokens; mean over documents with a 95% interval, median after the slash.",
+    parts += ["## Loss", f"Per-document mean loss (nat) on the last T = {meta.get('tail')} tokens of each document: on key tokens "
+              "(loss with the context cut to those T tokens exceeds exact by more than 2 nat; the cut arm is "
+              "above exact there by construction), on new tokens (outside any repeated 8-token span) and on all "
+              "scored tokens; mean over documents with a 95% interval (few documents: wide), median after the slash.",
               _loss_table(summary["loss"]), _image(plots.plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
     parts += ["## Paired loss differences", "First arm minus second, paired over documents (95% BCa interval).",
               _loss_diff_table(summary["loss_diffs"])]

@@ -9,11 +9,14 @@ to fill).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..bench.client import BenchClient
 from . import arms as A
@@ -43,11 +46,17 @@ class ResultStore:
     def __init__(self, path: pathlib.Path):
         self.path = path
         self.done: set[tuple] = set()
+        self.meta: dict | None = None
         if path.exists():
             from .analysis import load_records
 
+            raw = path.read_bytes()
+            if raw and not raw.endswith(b"\n"):  # a run killed mid-write: drop the partial record
+                path.write_bytes(raw[: raw.rfind(b"\n") + 1])
             for rec in load_records(path):
                 self.done.add(self.key(rec))
+                if rec.get("kind") == "meta" and self.meta is None:
+                    self.meta = rec
 
     @staticmethod
     def key(rec: dict) -> tuple:
@@ -60,6 +69,15 @@ class ResultStore:
         with self.path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.done.add(self.key(rec))
+
+
+def stable_seed(name: str) -> int:
+    """A per-sample seed for the random-rows control (the same on every run, different across samples)."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+class RanExact(RuntimeError):
+    """A RidgeFill arm came back bit-identical to the exact arm: the server did not fill."""
 
 
 def _generate(client: BenchClient, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
@@ -108,7 +126,8 @@ def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[A
 def run_needle(client: BenchClient, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
     from .needles import string_match_all
 
-    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length))
+    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length),
+                          seed=stable_seed(sample.id))
     out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
     text = out.get("text", "")
     store.add({
@@ -127,6 +146,9 @@ def loss_jobs(store: ResultStore, docs_by_length: dict[int, list], plan: EvalPla
                     yield doc, arm
 
 
+exact_scores: dict[tuple[int, str], Any] = {}  # (length, doc) -> the exact arm's logprobs, this process
+
+
 def run_loss(client: BenchClient, store: ResultStore, doc, arm: str, plan: EvalPlan) -> None:
     """Score the document's last ``T`` tokens: each arm over the whole document (only tail rows have
     outputs under RidgeFill), ``cut`` over the tail alone."""
@@ -136,11 +158,22 @@ def run_loss(client: BenchClient, store: ResultStore, doc, arm: str, plan: EvalP
     if not store.has(kind="doc", length=length, doc=doc.id):
         store.add({"kind": "doc", "length": length, "doc": doc.id, "source": doc.source, "prompt_ids": list(doc.prompt_ids)})
     boundary = length - plan.tail
-    ids = doc.prompt_ids[boundary:] if arm == A.CUT else doc.prompt_ids
-    start = 0 if arm == A.CUT else boundary
-    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(length))
+    ids, start = doc.prompt_ids, boundary
+    if arm == A.CUT:  # the tail alone, after the document's BOS when it has one (the attention sink)
+        bos = doc.prompt_ids[:1] if doc.has_bos else ()
+        ids, start = tuple(bos) + tuple(doc.prompt_ids[boundary:]), len(bos)
+    custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(length),
+                          seed=stable_seed(doc.id))
     out, seconds = _generate(client, ids, custom, max_new_tokens=1, return_logprob=True, logprob_start_len=start,
                              top_logprobs_num=TOP_LOGPROBS)
     scores = TokenScores.from_meta_info(out["meta_info"], boundary)
+    exact = exact_scores.get((length, doc.id))
+    if arm == A.EXACT:
+        exact_scores[(length, doc.id)] = scores.logprobs
+    elif arm not in (A.CUT, "splice:both") and exact is not None and np.array_equal(exact, scores.logprobs, equal_nan=True):
+        raise RanExact(
+            f"{doc.id}: the {arm} arm returned the exact arm's logprobs bit for bit; the server ran it exactly "
+            "(is --chunked-prefill-size below the prompt length?)"
+        )
     store.add({"kind": "loss", "length": length, "doc": doc.id, "arm": arm, "scores": scores.to_json(),
                "seconds": round(seconds, 3)})

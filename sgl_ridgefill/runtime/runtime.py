@@ -139,6 +139,8 @@ class RidgeFillRuntime:
             value_rescale = params.value_rescale or None
         if value_rescale is not None and arm == "nofill":
             raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
+        if splice is not None and value_rescale is not None:
+            raise RequestParamError("splice measures the fill itself; turn value_rescale off (value_rescale: 0)")
         use_policy = policy if (policy is not None and (params is None or params.exact_every is None)) else None
         if use_policy is not None:
             self.check_policy_inputs(use_policy)

@@ -64,7 +64,7 @@ def test_exact_length_and_position(tok, folder, task):
             else:
                 assert sample.haystack == "words" and sample.id == f"cwe/words/{length}/0/0"
             assert sample.depth == sample.needle_spans[0][0] / length
-            assert sample.region == _region(sample, TAIL) or task == "cwe"
+            assert sample.region == _region(sample, TAIL)
 
 
 def test_niah_spans_hold_keys_and_values(tok):
@@ -120,13 +120,13 @@ def test_cwe_common_words_recur_most(tok, folder):
         assert all(any(w in _decode(tok, sample, s) for w in sample.answers) for s in sample.needle_spans)
 
 
-def test_cwe_region_is_majority_of_occurrences(tok):
+def test_cwe_is_filled_only_when_every_occurrence_is(tok):
+    """The word list spans the context: a cwe sample whose tail holds occurrences is not filled-region."""
     sample = make_sample(tok, "cwe", 2048, TAIL, 0)
-    assert sample.region == "filled"
     ends = sorted(b for _, b in sample.needle_spans)
-    boundary = ends[(len(ends) - 1) // 2] - 1  # fewer than half of the occurrences end by it
-    late = make_sample(tok, "cwe", 2048, 2048 - boundary, 0)
-    assert late.region == "tail" and late.input_ids == sample.input_ids
+    assert sample.region == ("filled" if ends[-1] <= 2048 - TAIL else "straddle")
+    whole = make_sample(tok, "cwe", 2048, 2048 - ends[-1], 0)
+    assert whole.region == "filled" and whole.input_ids == sample.input_ids
 
 
 def test_region_labels_against_tail(tok):
