@@ -158,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     exclude = calibration_ids(args.maps)
+    if not exclude:
+        print("note: the maps manifest lists no calibration documents (older calibrate); none are left out", flush=True)
     haystacks = tuple(h.strip() for h in args.haystacks.split(",") if h.strip())
     print(f"making needle prompts ({', '.join(tasks)}; {', '.join(haystacks)}) and picking documents ...", flush=True)
     samples = make_samples(tokenizer, tasks, args.lengths, args.tail, haystacks=haystacks, seeds=tuple(range(args.seeds)),
