@@ -38,8 +38,8 @@ class Run:
         return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
 
 
-# The shallower splits run the four main arms and the splices only, to fit a 2-core CPU's afternoon.
-_SHALLOW = ("--needle-arms", "exact,nofill,identity,ridgefill",
+# The shallower splits run the four main arms and the splices only, on fewer prompts, to fit a 2-core CPU.
+_SHALLOW = ("--depths", "3", "--docs", "2", "--needle-arms", "exact,nofill,identity,ridgefill",
             "--loss-arms", "exact,nofill,identity,ridgefill,splice:keys,splice:values,splice:both,splice:key_norm")
 
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
@@ -47,8 +47,8 @@ _SHALLOW = ("--needle-arms", "exact,nofill,identity,ridgefill",
 RUNS = (
     Run("qwen2.5-0.5b-s12", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,)),
     Run("smollm2-135m-s15", "smollm2-135m", (8, 15), 15, (4096,)),
-    Run("qwen2.5-0.5b-s6", "qwen2.5-coder-0.5b", (6, 12), 6, (4096,), _SHALLOW),
     Run("smollm2-135m-s8", "smollm2-135m", (8, 15), 8, (4096,), _SHALLOW),
+    Run("qwen2.5-0.5b-s6", "qwen2.5-coder-0.5b", (6, 12), 6, (4096,), _SHALLOW),
 )
 
 
