@@ -45,8 +45,8 @@ streaming) runs the program body in the caller's thread, so every executor it cr
 sees the override. SGLang starts the threads of ``run_batch`` (whole programs) and ``run(stream=True)``
 (the body, where forks are made) without the caller's context: there the override is lost, for the forks
 alone in the streaming case, so pass ``backend=endpoint.with_ridgefill(...)`` instead.
-``sgl.select`` scores choices with prompt logprobs, which would read filled rows; the server runs those
-requests exactly, so they never reuse (or add to) the RidgeFill namespace.
+``sgl.select`` scores choices with prompt logprobs: the server serves them under RidgeFill when every scored
+row lies in the tail and the prompt is prefilled in one chunk, and runs the request exactly otherwise.
 
 How the parameters get in: each ``/generate`` POST of ``RuntimeEndpoint`` goes through the module global
 ``sglang.lang.backend.runtime_endpoint.http_request``. The first endpoint wraps that global once; the
