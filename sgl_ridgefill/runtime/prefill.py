@@ -154,7 +154,8 @@ def splice_prefix(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestSta
         if plan.splice in ("values", "both"):
             v = v_exact
         if plan.splice == "key_norm":
-            k = k * (k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(k.dtype)
+            scale = k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            k = k * scale.to(k.dtype)
         pool.set_kv_buffer(ad.layers[layer_id].self_attn.attn, loc, k.contiguous(), v.contiguous())
 
 
