@@ -33,14 +33,6 @@ def calibration_ids(maps_dir: str | pathlib.Path | None) -> frozenset[str]:
     return frozenset(calib.get("read_ids") or ()) | frozenset(calib.get("heldout_ids") or ())
 
 
-def _bos(tokenizer: Any) -> list[int]:
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return []
-    probe = tokenizer("a")["input_ids"]
-    return [bos] if probe and probe[0] == bos else []
-
-
 def long_documents(
     tokenizer: Any, length: int, count: int, *, corpus: str = "builtin", exclude: Iterable[str] = (), seed: int = 1
 ) -> list[LongDocument]:
@@ -48,11 +40,12 @@ def long_documents(
 
     Raises ``ValueError`` when the corpus has fewer such documents."""
     from ..calibration.corpus import open_corpus
+    from .needles import bos_prefix
 
     corpus_obj = open_corpus(corpus)
     skip = set(exclude)
     queues = [[d for d in corpus_obj.shuffled(source, seed) if d.id not in skip] for source in corpus_obj.sources]
-    bos = _bos(tokenizer)
+    bos = bos_prefix(tokenizer)
     out: list[LongDocument] = []
     for doc in itertools.chain.from_iterable(itertools.zip_longest(*queues)):
         if doc is None:

@@ -216,7 +216,7 @@ def _build_niah(tok: Any, task: str, length: int, tail: int, position: int, hay:
     sample_id = f"{task}/{hay.name}/{length}/{depth_index}/{seed}"
     rng = random.Random(sample_id)
     content = _vt(rng) if task == "vt" else _niah(task, rng, hay.words)
-    head = _bos(tok) + _encode(tok, content.header)
+    head = bos_prefix(tok) + _encode(tok, content.header)
     question = _encode(tok, content.question)
     sep = tuple(_encode(tok, _SEP))
     relevant = [tuple(_encode(tok, t)) for t in content.relevant]
@@ -301,7 +301,7 @@ def _build_cwe(tok: Any, length: int, tail: int, hay: Haystack, seed: int, depth
     example_words, pool = pool[: example_shape[0]], pool[example_shape[0]:]
     if len(pool) <= _CWE_COMMON:
         raise ValueError(f"cwe: the {hay.name!r} word list ({len(hay.words)} words) is too small")
-    head = _bos(tok) + _encode(tok, _cwe_example(rng, example_words, *example_shape[1:]) + "\n" + _CWE_HEAD)
+    head = bos_prefix(tok) + _encode(tok, _cwe_example(rng, example_words, *example_shape[1:]) + "\n" + _CWE_HEAD)
     question = _encode(tok, _CWE_QUESTION)
     budget = length - len(head) - len(question)
     common, rare = pool[:_CWE_COMMON], pool[_CWE_COMMON:]
@@ -496,7 +496,7 @@ def _distinct(rng: random.Random, count: int, draw) -> list[str]:
     return out
 
 
-def _bos(tok: Any) -> list[int]:
+def bos_prefix(tok: Any) -> list[int]:
     """``[bos]`` when the tokenizer has one and adds it by itself, else ``[]``."""
     bos = getattr(tok, "bos_token_id", None)
     if bos is None:
