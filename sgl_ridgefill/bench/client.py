@@ -67,13 +67,7 @@ class BenchClient:
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /generate`` with ``body``; raises :class:`ServerError` on an HTTP error or an aborted request."""
-        payload = json.loads(self._request("POST", "/generate", body))
-        if isinstance(payload, dict) and payload.get("error"):
-            raise ServerError(f"POST {self.url}/generate: {payload['error']}")
-        finish = (payload.get("meta_info") or {}).get("finish_reason") or {}
-        if isinstance(finish, dict) and finish.get("type") == "abort":
-            raise ServerError(f"POST {self.url}/generate: request aborted: {finish.get('message')}")
-        return payload
+        return checked_response(json.loads(self._request("POST", "/generate", body)), f"POST {self.url}/generate")
 
     def time_generate(self, input_ids: list[int], custom_params: dict[str, Any] | None, *, stream: bool = False) -> Timing:
         """Send one prompt with ``max_new_tokens=1`` and time it (see module docstring)."""
@@ -102,13 +96,21 @@ class BenchClient:
             raise ServerError(f"POST {self.url}/generate: HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as e:
             raise ServerError(f"POST {self.url}/generate: {getattr(e, 'reason', e)}") from None
-        if isinstance(payload, dict) and payload.get("error"):
-            raise ServerError(f"POST {self.url}/generate: {payload['error']}")
-        meta = payload.get("meta_info", {}) if isinstance(payload, dict) else {}
-        finish = meta.get("finish_reason") or {}
-        if isinstance(finish, dict) and finish.get("type") == "abort":
-            raise ServerError(f"POST {self.url}/generate: request aborted: {finish.get('message')}")
-        return Timing(seconds=seconds, meta_info=meta)
+        payload = checked_response(payload, f"POST {self.url}/generate")
+        return Timing(seconds=seconds, meta_info=payload.get("meta_info", {}))
+
+
+def checked_response(payload: Any, where: str) -> dict[str, Any]:
+    """``payload`` (one ``/generate`` response), or :class:`ServerError` naming ``where`` when it is an error
+    or an aborted request."""
+    if not isinstance(payload, dict):
+        raise ServerError(f"{where}: expected one JSON object, got {type(payload).__name__}")
+    if payload.get("error"):
+        raise ServerError(f"{where}: {payload['error']}")
+    finish = (payload.get("meta_info") or {}).get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise ServerError(f"{where}: request aborted: {finish.get('message')}")
+    return payload
 
 
 def _first_stream_chunk(resp) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .metrics import TokenScores, key_token_mask, kl_topk, mean_loss, new_token_mask, top1_agreement
-from .stats import bootstrap_mean, mcnemar, paired_bootstrap, stratified_paired_bootstrap
+from .stats import bootstrap_mean, mcnemar, stratified_paired_bootstrap
 
 EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
 IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM = "identity+rows", "ridgefill+rows", "ridgefill+random"
@@ -104,7 +104,8 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
     arm, region, n, mean, low, high}. ``retrieval_diffs``: filled region, per length and pooled ("all"):
     {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``loss``: {length, arm, metric ("key",
     "new", "all"), n_docs, n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over
-    per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}. ``agreement``:
+    per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents
+    resampled within their corpus source. ``agreement``:
     {length, arm, n_docs, n_tokens, top1, top1_doc_mean, kl_mean, kl_median, vs_identity_n,
     vs_identity_diff, vs_identity_low, vs_identity_high}. ``splice``: {length, arm, metric, n_docs, loss,
     ridgefill, exact, share}. Intervals are 95% BCa with ``n_resamples`` resamples.
@@ -194,6 +195,7 @@ class Document:
     arms: Mapping[str, TokenScores]
     key: np.ndarray | None
     new: np.ndarray | None
+    source: str = "?"  # the corpus source (the stratum of paired intervals); "?" without a ``doc`` record
 
     def mask(self, metric: str) -> np.ndarray | None:
         if metric == "all":
@@ -214,6 +216,7 @@ class Document:
 
 def _documents(doc_records: Sequence[Mapping[str, Any]], loss_records: Sequence[Mapping[str, Any]]) -> list[Document]:
     prompts = {(r["length"], r["doc"]): r["prompt_ids"] for r in doc_records}
+    sources = {(r["length"], r["doc"]): str(r.get("source") or "?") for r in doc_records}
     arms: dict[tuple, dict[str, TokenScores]] = defaultdict(dict)
     for r in loss_records:
         arms[(r["length"], r["doc"])][r["arm"]] = TokenScores.from_json(r["scores"])
@@ -233,7 +236,8 @@ def _documents(doc_records: Sequence[Mapping[str, Any]], loss_records: Sequence[
                     raise ValueError(f"document {doc!r} (length {length}), arm {arm!r}: scores start at {s.start}, "
                                      f"but the document's last {len(s.token_ids)} tokens start at {start}")
             new = np.asarray(new_token_mask(prompt_ids, start), dtype=bool)
-        documents.append(Document(length, doc, scores, None if key is None else np.asarray(key, dtype=bool), new))
+        documents.append(Document(length, doc, scores, None if key is None else np.asarray(key, dtype=bool), new,
+                                  sources.get((length, doc), "?")))
     return documents
 
 
@@ -285,9 +289,9 @@ def _loss_diffs(documents: Sequence[Document], n_resamples: int) -> list[dict[st
         docs = [d for d in documents if d.length == length]
         for metric in LOSS_METRICS:
             for arm, vs in _loss_pairs(arms):
-                a, b = _paired(docs, metric, arm, vs)
+                (a, b), strata = _paired_strata(docs, metric, arm, vs)
                 if len(a):
-                    interval = paired_bootstrap(a, b, statistic="mean", n_resamples=n_resamples)
+                    interval = stratified_paired_bootstrap(a, b, strata, n_resamples=n_resamples)
                     rows.append({"length": length, "metric": metric, "arm": arm, "vs": vs, "n": len(a),
                                  **_interval(interval, "diff")})
     return rows
@@ -295,9 +299,15 @@ def _loss_diffs(documents: Sequence[Document], n_resamples: int) -> list[dict[st
 
 def _paired(docs: Sequence[Document], metric: str, *arms: str) -> tuple[np.ndarray, ...]:
     """Per-document losses of ``arms`` over the documents where every one of them is finite."""
+    return _paired_strata(docs, metric, *arms)[0]
+
+
+def _paired_strata(docs: Sequence[Document], metric: str, *arms: str) -> tuple[tuple[np.ndarray, ...], list[str]]:
+    """:func:`_paired`, and the source of each document kept (the stratum of its paired interval)."""
     values = np.array([[d.loss(arm, metric) for arm in arms] for d in docs]).reshape(len(docs), len(arms))
-    values = values[np.isfinite(values).all(axis=1)]
-    return tuple(values[:, i] for i in range(len(arms)))
+    keep = np.isfinite(values).all(axis=1)
+    values = values[keep]
+    return tuple(values[:, i] for i in range(len(arms))), [d.source for d, k in zip(docs, keep) if k]
 
 
 # ----------------------------------------------------------------------------------------------- agreement
@@ -333,11 +343,12 @@ def _agreement(documents: Sequence[Document], n_resamples: int) -> list[dict[str
                          "kl_median": _num(np.nanmedian(kls)) if np.isfinite(kls).any() else None})
         for row in rows:
             if row["length"] == length:
-                row.update(_vs_identity(per_doc, row["arm"], n_resamples))
+                row.update(_vs_identity(per_doc, row["arm"], n_resamples, {d.doc: d.source for d in docs}))
     return rows
 
 
-def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resamples: int) -> dict[str, Any]:
+def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resamples: int,
+                 sources: Mapping[str, str]) -> dict[str, Any]:
     empty = {"vs_identity_n": 0, "vs_identity_diff": None, "vs_identity_low": None, "vs_identity_high": None}
     if arm == IDENTITY or IDENTITY not in per_doc:
         return empty
@@ -346,7 +357,7 @@ def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resampl
         return empty
     a = np.array([per_doc[arm][doc] for doc in shared])
     b = np.array([per_doc[IDENTITY][doc] for doc in shared])
-    interval = paired_bootstrap(a, b, statistic="mean", n_resamples=n_resamples)
+    interval = stratified_paired_bootstrap(a, b, [sources[doc] for doc in shared], n_resamples=n_resamples)
     return {"vs_identity_n": len(shared), "vs_identity_diff": _num(interval.estimate),
             "vs_identity_low": _num(interval.low), "vs_identity_high": _num(interval.high)}
 

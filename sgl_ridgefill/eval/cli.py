@@ -7,6 +7,9 @@ fill-disabled RidgeFill server answers byte for byte like stock, stops the stock
 A RidgeFill arm that comes back bit-identical to exact stops the run (the server did not fill).
 With ``--url`` (a RidgeFill server started with ``--ridgefill-policy OUT/eval-rows.rfpolicy``, which this
 command writes, and ``--chunked-prefill-size`` at least the longest length) it needs ``--stock-url`` too.
+With ``--engine`` it runs offline instead: a stock ``sglang.Engine`` in this process answers the check
+prompts and shuts down, then a RidgeFill engine (``sgl_ridgefill.engine.ridgefill_engine``) runs the rest
+(on a GPU when this machine has one, else on CPU).
 Results append to ``OUT/results.jsonl``; rerunning the same command resumes. ``OUT/REPORT.md`` and the
 plots are rewritten at the end (``--report-only`` rewrites them from the results alone).
 """
@@ -56,6 +59,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--loss-arms", default="all", help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)})")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
+    p.add_argument("--engine", action="store_true",
+                   help="offline: run sglang.Engine in this process (stock first, for the check, then RidgeFill) instead of servers")
     p.add_argument("--n-resamples", type=int, default=5000, help="bootstrap resamples (default 5000)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from OUT/results.jsonl")
     p.set_defaults(func=_main)
@@ -67,13 +72,19 @@ def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Path, max_len: int, *, need_stock: bool):
-    """Yield ``(ridgefill_url, stock_url_or_None, stop_stock)``; local servers are stopped on exit, the stock
-    one as soon as ``stop_stock()`` is called (after the check)."""
+def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Path, max_len: int, check_prompts):
+    """Yield ``(client, stock)``: a client of the RidgeFill server, and the stock server's fingerprints of
+    ``check_prompts`` (None when ``check_prompts`` is None: the check already passed). A local stock server
+    stops as soon as it has answered; the RidgeFill one on exit."""
+    from ..bench.client import BenchClient
+    from .runner import fingerprints
+
     if args.url:
-        if need_stock and not args.stock_url:
+        if check_prompts is not None and not args.stock_url:
             raise SystemExit("sgl-ridgefill eval: --url needs --stock-url (the stock check comes first)")
-        yield args.url, args.stock_url, lambda: None
+        client = BenchClient(args.url)
+        _check_server(client, max_len)
+        yield client, None if check_prompts is None else fingerprints(BenchClient(args.stock_url), check_prompts)
         return
     from ..cpu.environment import cpu_environment
     from ..cpu.launch_server_process import running_server
@@ -82,14 +93,48 @@ def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
     rf_flags = base + ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(args.maps), "--ridgefill-split",
                        str(split), "--ridgefill-tail", str(args.tail), "--ridgefill-policy", str(policy_file)]
-    with contextlib.ExitStack() as stack, contextlib.ExitStack() as stock_stack:
+    with contextlib.ExitStack() as stack:
         print("starting the RidgeFill server (log: OUT/ridgefill-server.log) ...", flush=True)
         rf = stack.enter_context(running_server(rf_flags, log_path=args.out / "ridgefill-server.log", env=env))
         stock = None
-        if need_stock:
+        if check_prompts is not None:
             print("starting the stock server (log: OUT/stock-server.log) ...", flush=True)
-            stock = stock_stack.enter_context(running_server(base, log_path=args.out / "stock-server.log", env=env))
-        yield rf, stock, stock_stack.close
+            with running_server(base, log_path=args.out / "stock-server.log", env=env) as stock_url:
+                stock = fingerprints(BenchClient(stock_url), check_prompts)
+        yield BenchClient(rf), stock
+
+
+@contextlib.contextmanager
+def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Path, max_len: int, check_prompts):
+    """``_servers`` with offline engines in this process: the stock engine answers ``check_prompts`` and shuts
+    down, then the RidgeFill engine starts."""
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if cpu:
+        from ..cpu.environment import apply_cpu_environment
+
+        apply_cpu_environment()
+    from .engine_client import engine_kwargs, running_engine
+    from .runner import fingerprints
+
+    kwargs = engine_kwargs(model_dir, max_len, cpu=cpu)
+    stock = None
+    if check_prompts is not None:
+        print("starting the stock engine ...", flush=True)
+        with running_engine(kwargs, None, "stock engine") as engine:
+            stock = fingerprints(engine, check_prompts)
+    print("starting the RidgeFill engine ...", flush=True)
+    options = dict(ridgefill_maps=str(args.maps), ridgefill_split=split, ridgefill_tail=args.tail,
+                   ridgefill_policy=str(policy_file))
+    with running_engine(kwargs, options, "RidgeFill engine") as engine:
+        yield engine, stock
+
+
+def _backend_name(args) -> str:
+    if args.engine:
+        return "offline sglang.Engine (this process)"
+    return args.url or "local (sgl_ridgefill.cpu.launch_server)"
 
 
 def _check_server(client, max_len: int) -> None:
@@ -121,13 +166,14 @@ def _main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from ..bench.client import BenchClient
     from ..models import resolve_model
     from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
     from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
 
+    if args.engine and (args.url or args.stock_url):
+        raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     if args.report_only:
@@ -180,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
                    "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
                    "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
-                   "server": args.url or "local (sgl_ridgefill.cpu.launch_server)", "threads": os.cpu_count()})
+                   "server": _backend_name(args), "threads": os.cpu_count()})
     checked = any(r.get("kind") == "check" and r.get("passed") for r in load_records(results))
     max_len = max(args.lengths)
     from tqdm import tqdm
@@ -189,12 +235,10 @@ def _run(args: argparse.Namespace) -> int:
     check_prompts = [s.input_ids for s in samples[:2]] + [d.prompt_ids for d in docs.get(min(args.lengths), [])[:1]]
     if not check_prompts:
         raise SystemExit("sgl-ridgefill eval: nothing to run (no needle samples and --docs 0)")
-    with _servers(args, model_dir, split, policy_file, max_len, need_stock=not checked) as (rf_url, stock_url, stop_stock):
-        client = BenchClient(rf_url)
-        if args.url:
-            _check_server(client, max_len)
-        if not checked:
-            check = stock_check(client, BenchClient(stock_url), check_prompts)
+    backend = _engines if args.engine else _servers
+    with backend(args, model_dir, split, policy_file, max_len, None if checked else check_prompts) as (client, stock):
+        if stock is not None:
+            check = stock_check(client, stock, check_prompts)
             store.add(check)
             if not check["passed"]:
                 _write(args, load_records(results))
@@ -202,7 +246,6 @@ def _run(args: argparse.Namespace) -> int:
                       + "; ".join(check["mismatches"]), file=sys.stderr)
                 return 3
             print(f"check passed: fill-disabled server byte-identical to stock on {check['prompts']} prompts", flush=True)
-        stop_stock()
         jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
         jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
         for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):

@@ -42,6 +42,10 @@ class Run:
 _SHALLOW = ("--depths", "3", "--docs", "2", "--needle-arms", "exact,nofill,identity,ridgefill",
             "--loss-arms", "exact,nofill,identity,ridgefill,splice:keys,splice:values,splice:both,splice:key_norm")
 
+# Longer prompts at half depth: the same reduced set at 8K, and one prompt per depth and haystack at 16K.
+_LONG_16K = ("--depths", "1", "--docs", "1", "--needle-arms", "exact,nofill,identity,ridgefill",
+             "--loss-arms", "exact,nofill,identity,ridgefill,splice:keys")
+
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
 # (Llama family, 30 layers, 8K context); T = 1024.
 RUNS = (
@@ -49,6 +53,8 @@ RUNS = (
     Run("smollm2-135m-s15", "smollm2-135m", (8, 15), 15, (4096,)),
     Run("smollm2-135m-s8", "smollm2-135m", (8, 15), 8, (4096,), _SHALLOW),
     Run("qwen2.5-0.5b-s6", "qwen2.5-coder-0.5b", (6, 12), 6, (4096,), _SHALLOW),
+    Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
+    Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
 )
 
 

@@ -14,11 +14,10 @@ import json
 import pathlib
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..bench.client import BenchClient
 from . import arms as A
 
 CHECK_PROMPTS = 3
@@ -26,8 +25,13 @@ CHECK_NEW_TOKENS = 8
 TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, metrics.kl_topk)
 
 
-class CheckFailed(RuntimeError):
-    """The fill-disabled server is not byte-identical to stock: every other number would be suspect."""
+class Client(Protocol):
+    """What the runner sends requests through: ``bench.client.BenchClient`` (a server) or
+    ``engine_client.EngineClient`` (an offline engine)."""
+
+    def flush_cache(self) -> None: ...
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +84,7 @@ class RanExact(RuntimeError):
     """A RidgeFill arm came back bit-identical to the exact arm: the server did not fill."""
 
 
-def _generate(client: BenchClient, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
+def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
     client.flush_cache()
     body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}, **extra}
     if custom is not None:
@@ -98,16 +102,25 @@ def _fingerprint(out: dict) -> str:
     return json.dumps({"text": out.get("text"), "output_ids": out.get("output_ids"), **keep}, sort_keys=True)
 
 
-def stock_check(ridgefill: BenchClient, stock: BenchClient, prompts: Sequence[Sequence[int]]) -> dict:
-    """Send ``prompts`` (greedy, logprobs of the last 64 prompt tokens and of every output token) to the stock
-    server and, with RidgeFill disabled per request and as the exact arm, to the RidgeFill server; compare the
-    responses byte for byte."""
-    mismatches = []
-    for i, ids in enumerate(prompts):
+_CHECK_ARMS = (("enabled=false", {"ridgefill": {"enabled": False}}), ("arm=exact", {"ridgefill": "exact"}))
+
+
+def fingerprints(client: Client, prompts: Sequence[Sequence[int]], custom: dict | None = None) -> list[str]:
+    """What ``client`` answers to each of ``prompts`` (greedy, logprobs of the last 64 prompt tokens and of
+    every output token), as text for byte comparison."""
+    out = []
+    for ids in prompts:
         lp = dict(return_logprob=True, logprob_start_len=max(len(ids) - 64, 0), top_logprobs_num=5)
-        want = _fingerprint(_generate(stock, ids, None, max_new_tokens=CHECK_NEW_TOKENS, **lp)[0])
-        for name, custom in (("enabled=false", {"ridgefill": {"enabled": False}}), ("arm=exact", {"ridgefill": "exact"})):
-            got = _fingerprint(_generate(ridgefill, ids, custom, max_new_tokens=CHECK_NEW_TOKENS, **lp)[0])
+        out.append(_fingerprint(_generate(client, ids, custom, max_new_tokens=CHECK_NEW_TOKENS, **lp)[0]))
+    return out
+
+
+def stock_check(ridgefill: Client, stock: Sequence[str], prompts: Sequence[Sequence[int]]) -> dict:
+    """Send ``prompts`` to the RidgeFill server with RidgeFill disabled per request and as the exact arm, and
+    compare the responses byte for byte with ``stock`` (:func:`fingerprints` of a stock server or engine)."""
+    mismatches = []
+    for name, custom in _CHECK_ARMS:
+        for i, (ids, got, want) in enumerate(zip(prompts, fingerprints(ridgefill, prompts, custom), stock, strict=True)):
             if got != want:
                 mismatches.append(f"prompt {i} ({len(ids)} tokens), {name}")
     return {"kind": "check", "passed": not mismatches, "prompts": len(prompts),
@@ -123,7 +136,7 @@ def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[A
                 yield sample, arm
 
 
-def run_needle(client: BenchClient, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
+def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
     from .needles import string_match_all
 
     custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length),
@@ -149,7 +162,7 @@ def loss_jobs(store: ResultStore, docs_by_length: dict[int, list], plan: EvalPla
 exact_scores: dict[tuple[int, str], Any] = {}  # (length, doc) -> the exact arm's logprobs, this process
 
 
-def run_loss(client: BenchClient, store: ResultStore, doc, arm: str, plan: EvalPlan) -> None:
+def run_loss(client: Client, store: ResultStore, doc, arm: str, plan: EvalPlan) -> None:
     """Score the document's last ``T`` tokens: each arm over the whole document (only tail rows have
     outputs under RidgeFill), ``cut`` over the tail alone."""
     from .metrics import TokenScores

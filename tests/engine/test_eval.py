@@ -83,3 +83,38 @@ def test_report_and_resume(run):
     assert any(p.suffix == ".png" for p in out.iterdir())
     assert "0 request(s)" in again.stdout, again.stdout[-2000:]
     assert "check passed" in first.stdout
+
+
+@pytest.fixture(scope="module")
+def engine_run(tiny_models, tmp_path_factory, run):
+    model = tiny_models("qwen2")
+    out = tmp_path_factory.mktemp("eval-engine")
+    done = _eval(model, out, "--engine")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return out, [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()], done
+
+
+def test_offline_engines_check_and_score_like_the_servers(run, engine_run):
+    """``--engine``: the stock engine's check passes, every arm runs, and the RidgeFill engine scores each
+    document's tail exactly as the RidgeFill server did (same weights, maps, dtype and kernels)."""
+    from sgl_ridgefill.eval.metrics import TokenScores
+
+    _, server_records, _, _ = run
+    out, records, done = engine_run
+    assert records[0]["server"].startswith("offline sglang.Engine") and records[1]["kind"] == "check"
+    assert records[1]["passed"], records[1]
+    assert "starting the stock engine" in done.stdout and "check passed" in done.stdout
+    key = lambda r: (r["kind"], r.get("sample") or r.get("doc"), r["arm"])  # noqa: E731
+    wanted = {key(r) for r in server_records if r["kind"] in ("needle", "loss")}
+    assert {key(r) for r in records if r["kind"] in ("needle", "loss")} == wanted
+    served = {r["arm"]: TokenScores.from_json(r["scores"]).logprobs for r in server_records if r["kind"] == "loss"}
+    offline = {r["arm"]: TokenScores.from_json(r["scores"]).logprobs for r in records if r["kind"] == "loss"}
+    for arm in ("exact", "ridgefill", "splice:both"):
+        assert max(abs(a - b) for a, b in zip(served[arm][1:], offline[arm][1:])) < 1e-3, arm
+    assert (out / "REPORT.md").exists()
+
+
+def test_engine_mode_refuses_a_server_url(tiny_models, tmp_path):
+    model = tiny_models("qwen2")
+    done = _eval(model, tmp_path, "--engine", "--url", "http://127.0.0.1:9")
+    assert done.returncode != 0 and "--engine runs its own engines" in done.stderr

@@ -213,6 +213,23 @@ def test_loss_diffs_are_paired_over_documents(summary):
     assert not [r for r in rows if r["vs"] == "nofill+longtail"]
 
 
+def test_loss_diffs_resample_documents_within_their_source():
+    """d0 and d1 from one source, d2 from another: every replicate keeps one d2, so the interval lies between
+    the means with d2 and two draws of d0/d1; pooled in one source it reaches below that."""
+    def sourced(records, sources):
+        return [{**r, "source": sources[r["doc"]]} if r["kind"] == "doc" else r for r in records]
+
+    diffs = np.array(_loss_expected("ridgefill")[2]) - 1.0  # exact loses 1 nat on every token
+    lowest, highest = (2 * diffs[:2].min() + diffs[2]) / 3, (2 * diffs[:2].max() + diffs[2]) / 3
+    split = summarize(sourced(_document_records(), {"d0": "a", "d1": "a", "d2": "b"}), n_resamples=N_RESAMPLES)
+    r = _row(split["loss_diffs"], length=N, metric="all", arm="ridgefill", vs="exact")
+    assert r["diff"] == pytest.approx(diffs.mean())
+    assert lowest - 1e-9 <= r["low"] < r["diff"] < r["high"] <= highest + 1e-9
+    pooled = _row(summarize(_document_records(), n_resamples=N_RESAMPLES)["loss_diffs"], length=N, metric="all",
+                  arm="ridgefill", vs="exact")
+    assert pooled["low"] < lowest
+
+
 def test_documents_without_a_doc_record_are_unmeasured_for_new_tokens():
     summary = summarize(_document_records(with_doc=("d0", "d1")), n_resamples=N_RESAMPLES)
     new = _row(summary["loss"], length=N, arm="ridgefill", metric="new")
