@@ -3,6 +3,7 @@ each report next to it, and join them.
 
     python -m sgl_ridgefill.eval.results                 # everything (hours on a 2-core CPU; resumable)
     python -m sgl_ridgefill.eval.results --only qwen2.5-0.5b-s12
+    python -m sgl_ridgefill.eval.results --report-only   # rewrite each run's report from its raw results
     python -m sgl_ridgefill.eval.results --render-only   # rejoin the reports already in docs/results/
 
 Raw results (``results.jsonl``, server logs) stay under ``--runs-dir``; the repository keeps the reports,
@@ -63,15 +64,21 @@ def _sh(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> pathlib.Path:
+def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only: bool = False) -> pathlib.Path | None:
+    """Run (or resume) one evaluation and copy its report to ``docs/results/<run>/``; with ``report_only``,
+    rewrite the report from the raw results alone (None when the run has none yet)."""
     maps = runs_dir / "maps" / run.maps_name()
-    if not (maps / "manifest.json").exists():
+    out = runs_dir / run.name
+    if report_only and not (out / "results.jsonl").exists():
+        print(f"{run.name}: no results under {out} yet; skipped", flush=True)
+        return None
+    if not report_only and not (maps / "manifest.json").exists():
         _sh([sys.executable, "-m", "sgl_ridgefill.cli", "calibrate", "--model", run.model, "--corpus", "builtin",
              "--splits", ",".join(map(str, run.splits)), "--max-tokens", str(CALIBRATION_TOKENS), "--out", str(maps),
              "--force"])
-    out = runs_dir / run.name
     _sh([sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", run.model, "--maps", str(maps), "--split",
-         str(run.split), "--tail", "1024", "--lengths", ",".join(map(str, run.lengths)), "--out", str(out), *run.extra])
+         str(run.split), "--tail", "1024", "--lengths", ",".join(map(str, run.lengths)), "--out", str(out), *run.extra,
+         *(("--report-only",) if report_only else ())])
     target = docs / "results" / run.name
     target.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
@@ -86,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="raw results and maps (default ~/.cache/sgl-ridgefill/eval)")
     parser.add_argument("--docs", type=pathlib.Path, default=REPO_DOCS, help="where RESULTS.md and results/ go")
     parser.add_argument("--only", default=None, help=f"comma-separated run names ({', '.join(r.name for r in RUNS)})")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite each run's report from its raw results (no requests), then join them")
     parser.add_argument("--render-only", action="store_true", help="only join the reports already under DOCS/results")
     args = parser.parse_args(argv)
     names = [r.name for r in RUNS]
@@ -93,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set((args.only or "").split(",")) - set(names) - {""}
     if unknown:
         parser.error(f"unknown run(s) {', '.join(sorted(unknown))}; known: {', '.join(names)}")
+    if args.report_only and args.render_only:
+        parser.error("--report-only and --render-only: pick one")
     if not args.render_only:
         for run in chosen:
-            run_one(run, args.runs_dir, args.docs)
+            run_one(run, args.runs_dir, args.docs, report_only=args.report_only)
     from .report import render_results_md
 
     present = [args.docs / "results" / n for n in names if (args.docs / "results" / n / "REPORT.md").exists()]
