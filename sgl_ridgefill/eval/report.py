@@ -9,6 +9,7 @@ not measured, from the same numbers. matplotlib (Agg) is imported only when a pl
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import plots
-from .analysis import (ALL, EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
+from .analysis import (ALL, EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
                        arm_sort_key, latest_records)
 
 REPORT_NAME = "REPORT.md"
@@ -293,6 +294,9 @@ def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | path
     parts = ["# sgl-ridgefill evaluation results",
              f"Generated from {len(report_dirs)} report(s); regenerate with:\n\n```\n{command}\n```\n\n"
              "Do not edit by hand: the next run of that command overwrites this file."]
+    overview = _overview([pathlib.Path(d) for d in report_dirs])
+    if overview:
+        parts += ["## Overview", _OVERVIEW_TEXT, overview]
     for report_dir in map(pathlib.Path, report_dirs):
         path = report_dir / REPORT_NAME
         if not path.exists():
@@ -300,6 +304,54 @@ def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | path
         parts.append(_rebase(path.read_text(), report_dir, out.parent).strip())
     out.write_text("\n\n".join(parts) + "\n")
     return out
+
+
+_OVERVIEW_ARMS = (EXACT, RIDGEFILL, IDENTITY, NOFILL, RIDGEFILL_ROWS, RIDGEFILL_RANDOM)
+_OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have every table, interval and plot). "
+                  "Retrieval: mean score (0-100) of the samples whose needle lies in the filled prefix, with their "
+                  "number; RidgeFill minus identity on the same samples, 95% BCa interval. Key-token loss: "
+                  "RidgeFill minus identity, in nat (below zero: RidgeFill loses less), 95% BCa interval over "
+                  "documents. Splice: share of RidgeFill's excess key-token loss that exact keys on the filled "
+                  "rows remove. –: not run.")
+
+
+def _overview(report_dirs: Sequence[pathlib.Path]) -> str:
+    """One row per run and length from each directory's ``summary.json`` (directories without one are left
+    out); empty when none has one."""
+    rows = []
+    for report_dir in report_dirs:
+        path = report_dir / "summary.json"
+        if not path.exists():
+            continue
+        summary = json.loads(path.read_text())
+        meta = summary.get("meta") or {}
+        lengths = sorted({r["length"] for key in ("retrieval", "loss_diffs") for r in summary.get(key, [])
+                          if isinstance(r["length"], int)})
+        for length in lengths:
+            filled = {r["arm"]: r for r in summary.get("retrieval", [])
+                      if r["length"] == length and r["task"] == ALL and r["region"] == "filled"}
+            diff = _find(summary.get("retrieval_diffs", []), length=length, arm=RIDGEFILL, vs=IDENTITY)
+            key = _find(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
+            splice = _find(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
+            n = filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n")
+            rows.append((
+                f"{meta.get('model', report_dir.name)}", f"{meta.get('split')}/{meta.get('num_layers', '?')}", length,
+                _NA if n is None else n,
+                *(_score(filled[arm]["mean"]) if arm in filled else _NA for arm in _OVERVIEW_ARMS),
+                _NA if diff is None else _ci(diff, "diff", _signed(".1f")),
+                _NA if key is None else _ci(key, "diff", _signed(".2f")),
+                _NA if splice is None or splice.get("share") is None else f"{100 * splice['share']:.0f} %",
+            ))
+    if not rows:
+        return ""
+    header = ("model", "split", "tokens", "filled samples", *(f"{arm}" for arm in _OVERVIEW_ARMS),
+              "retrieval: RidgeFill − identity", "key-token loss: RidgeFill − identity (nat)", "splice: exact keys remove")
+    return _table(header, rows)
+
+
+def _find(rows: Sequence[Row], **match: Any) -> Row | None:
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return found[0] if found else None
 
 
 def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:

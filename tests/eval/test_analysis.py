@@ -325,3 +325,18 @@ def test_render_results_md_rewrites_links(tmp_path, summary):
     assert "\n## model A" in text and "\n## model B" in text and "\n### Setup" in text
     assert "](../runs/a/retrieval_filled.png)" in text and "](../runs/b/splice.png)" in text
     assert (out.parent / "../runs/b/splice.png").exists()
+
+
+def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
+    dirs = [tmp_path / "runs" / "a", tmp_path / "runs" / "b"]
+    for d in dirs:
+        write_report(summary, d, title="model")
+    (dirs[0] / "summary.json").write_text(json.dumps(summary))  # b has none: left out of the overview
+    text = render_results_md(dirs, tmp_path / "RESULTS.md", command="x").read_text()
+    overview = text[text.index("## Overview"):text.index("\n## model")]
+    rows = [line for line in overview.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 3  # lengths 64 (documents), 4096 and 8192 (needles)
+    by_length = {row.split(" | ")[2]: row for row in rows}
+    # exact, ridgefill, identity, nofill (not run), ridgefill+rows, ridgefill+random; then RidgeFill - identity
+    assert "| 8 | 100.0 | 75.0 | 25.0 | – | 100.0 | 50.0 | +50.0 [" in by_length["4096"]  # 4 samples x 2 tasks
+    assert by_length["64"].endswith("| – | -2.00 [-2.00, -2.00] | 50 % |")
