@@ -149,6 +149,21 @@ def _check_server(client, max_len: int) -> None:
                          f"length {max_len}; restart it with --chunked-prefill-size {max_len}")
 
 
+def _check_lengths(lengths: tuple[int, ...], tail: int, config: dict, tasks: tuple[str, ...]) -> None:
+    """Every prompt must leave a tail to fill before it and room for its answer in the model's context."""
+    from .needles import MAX_NEW_TOKENS
+
+    short = [n for n in lengths if n <= tail]
+    if short:
+        raise SystemExit(f"sgl-ridgefill eval: --lengths {','.join(map(str, short))}: not longer than the tail "
+                         f"({tail}); nothing would be filled")
+    context = config.get("max_position_embeddings")
+    answer = max(MAX_NEW_TOKENS[t] for t in tasks)
+    if isinstance(context, int) and max(lengths) + answer > context:
+        raise SystemExit(f"sgl-ridgefill eval: --lengths {max(lengths)}: the model's context is {context} tokens and "
+                         f"the needle answers need up to {answer} more; use lengths up to {context - answer}")
+
+
 _SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction")
 
 
@@ -197,6 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         loss_arms = A.parse_arms(args.loss_arms, A.LOSS_ARMS)
     except ValueError as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
+    _check_lengths(args.lengths, args.tail, config, tasks)
     plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
                     longtail={n: A.longtail_tail(config, n, split, args.tail) for n in args.lengths})
     policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"

@@ -56,6 +56,8 @@ RUNS = (
     Run("qwen2.5-0.5b-s6", "qwen2.5-coder-0.5b", (6, 12), 6, (4096,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
+    # SmolLM2's context is 8,192 tokens: its longest prompts leave room for the answer.
+    Run("smollm2-135m-s15-8k", "smollm2-135m", (8, 15), 15, (8064,), _SHALLOW),
 )
 
 

@@ -81,3 +81,16 @@ def test_calibration_documents_are_left_out(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"calibration": {"read_ids": ["x", "y"], "heldout_ids": ["y", "z"]}}))
     assert calibration_ids(tmp_path) == {"x", "y", "z"}
     assert calibration_ids(None) == frozenset()
+
+
+def test_lengths_must_fit_the_context_and_exceed_the_tail():
+    from sgl_ridgefill.eval.cli import _check_lengths
+
+    config = {"max_position_embeddings": 8192}
+    _check_lengths((4096, 8160), 1024, config, ("niah_single",))  # 8160 + 32 answer tokens fit
+    with pytest.raises(SystemExit, match="context is 8192 tokens .* up to 32 more; use lengths up to 8160"):
+        _check_lengths((4096, 8192), 1024, config, ("niah_single",))
+    with pytest.raises(SystemExit, match="up to 120 more"):
+        _check_lengths((8160,), 1024, config, ("niah_single", "cwe"))
+    with pytest.raises(SystemExit, match="--lengths 1024: not longer than the tail"):
+        _check_lengths((1024, 4096), 1024, config, ("niah_single",))
