@@ -140,3 +140,46 @@ def plot_splice(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
 
 
 # ------------------------------------------------------------------------------------------------- results
+
+
+def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    """``report.overview_rows`` against prompt length, one colour per model and split: filled-region
+    retrieval of exact (dotted), RidgeFill (solid) and identity (dashed); RidgeFill's key-token loss minus
+    identity's, with its interval."""
+    from matplotlib import colormaps
+
+    series: dict[str, list[Row]] = {}
+    for r in sorted(rows, key=lambda r: r["length"]):
+        series.setdefault(f"{r['model']} {r['split']}", []).append(r)
+    if not series:
+        return None
+    fig, (left, right) = _figure(2, width=6.5)
+    styles = (("exact", ":"), ("ridgefill", "-"), ("identity", "--"))
+    for i, (label, points) in enumerate(series.items()):
+        color = colormaps["tab10"](i % 10)
+        for arm, style in styles:
+            xy = [(r["length"], r["retrieval"][arm]) for r in points if r["retrieval"].get(arm) is not None]
+            if xy:
+                left.plot(*zip(*xy), style, marker="o", ms=4, color=color, label=f"{label} {arm}")
+        diffs = [r for r in points if r["key_diff"] is not None and r["key_diff"].get("diff") is not None]
+        if diffs:
+            ys = np.array([r["key_diff"]["diff"] for r in diffs])
+            low = np.array([y if r["key_diff"].get("low") is None else r["key_diff"]["low"] for r, y in zip(diffs, ys)])
+            high = np.array([y if r["key_diff"].get("high") is None else r["key_diff"]["high"] for r, y in zip(diffs, ys)])
+            right.errorbar([r["length"] for r in diffs], ys, yerr=[np.maximum(ys - low, 0).tolist(), np.maximum(high - ys, 0).tolist()],
+                           fmt="-o", ms=4, capsize=3, color=color, label=label)
+    lengths = sorted({r["length"] for r in rows})
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{n / 1024:g}K" for n in lengths])
+        ax.minorticks_off()
+        ax.set_xlabel("prompt tokens")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("filled-region score (0-100)")
+    left.set_ylim(-2, 105)
+    left.legend(fontsize=6, ncol=2)
+    right.axhline(0, color="black", lw=0.8)
+    right.set_ylabel("key-token loss, RidgeFill − identity (nat)")
+    if right.lines:
+        right.legend(fontsize=7)
+    return _save(fig, path)

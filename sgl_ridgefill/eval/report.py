@@ -22,6 +22,7 @@ from .analysis import (ALL, EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL,
 
 REPORT_NAME = "REPORT.md"
 FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
+OVERVIEW_PNG = "results_overview.png"  # next to RESULTS.md
 _NA = "–"
 
 Row = Mapping[str, Any]
@@ -294,9 +295,13 @@ def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | path
     parts = ["# sgl-ridgefill evaluation results",
              f"Generated from {len(report_dirs)} report(s); regenerate with:\n\n```\n{command}\n```\n\n"
              "Do not edit by hand: the next run of that command overwrites this file."]
-    overview = _overview([pathlib.Path(d) for d in report_dirs])
+    overview = overview_rows([pathlib.Path(d) for d in report_dirs])
     if overview:
-        parts += ["## Overview", _OVERVIEW_TEXT, overview]
+        figure = plots.plot_overview(overview, out.parent / OVERVIEW_PNG)
+        parts += ["## Overview", _OVERVIEW_TEXT, _overview_table(overview),
+                  _image(figure, "Filled-region retrieval and key-token loss against prompt length")]
+    else:
+        (out.parent / OVERVIEW_PNG).unlink(missing_ok=True)
     for report_dir in map(pathlib.Path, report_dirs):
         path = report_dir / REPORT_NAME
         if not path.exists():
@@ -312,12 +317,14 @@ _OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have ev
                   "number; RidgeFill minus identity on the same samples, 95% BCa interval. Key-token loss: "
                   "RidgeFill minus identity, in nat (below zero: RidgeFill loses less), 95% BCa interval over "
                   "documents. Splice: share of RidgeFill's excess key-token loss that exact keys on the filled "
-                  "rows remove. –: not run.")
+                  "rows remove. –: not run. The plot draws the same numbers against prompt length, one colour per "
+                  "model and split.")
 
 
-def _overview(report_dirs: Sequence[pathlib.Path]) -> str:
+def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
     """One row per run and length from each directory's ``summary.json`` (directories without one are left
-    out); empty when none has one."""
+    out): ``model``, ``split`` ("S/L"), ``length``, ``n`` (filled-region samples), ``retrieval`` (arm -> mean
+    score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or None), ``splice_keys`` (share)."""
     rows = []
     for report_dir in report_dirs:
         path = report_dir / "summary.json"
@@ -330,28 +337,29 @@ def _overview(report_dirs: Sequence[pathlib.Path]) -> str:
         for length in lengths:
             filled = {r["arm"]: r for r in summary.get("retrieval", [])
                       if r["length"] == length and r["task"] == ALL and r["region"] == "filled"}
-            diff = _find(summary.get("retrieval_diffs", []), length=length, arm=RIDGEFILL, vs=IDENTITY)
-            key = _find(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
-            splice = _find(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
-            n = filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n")
-            rows.append((
-                f"{meta.get('model', report_dir.name)}", f"{meta.get('split')}/{meta.get('num_layers', '?')}", length,
-                _NA if n is None else n,
-                *(_score(filled[arm]["mean"]) if arm in filled else _NA for arm in _OVERVIEW_ARMS),
-                _NA if diff is None else _ci(diff, "diff", _signed(".1f")),
-                _NA if key is None else _ci(key, "diff", _signed(".2f")),
-                _NA if splice is None or splice.get("share") is None else f"{100 * splice['share']:.0f} %",
-            ))
-    if not rows:
-        return ""
-    header = ("model", "split", "tokens", "filled samples", *(f"{arm}" for arm in _OVERVIEW_ARMS),
-              "retrieval: RidgeFill − identity", "key-token loss: RidgeFill − identity (nat)", "splice: exact keys remove")
-    return _table(header, rows)
+            splice = plots.find_row(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
+            rows.append({
+                "model": str(meta.get("model", report_dir.name)), "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}",
+                "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
+                "retrieval": {arm: r["mean"] for arm, r in filled.items()},
+                "retrieval_diff": plots.find_row(summary.get("retrieval_diffs", []), length=length, arm=RIDGEFILL, vs=IDENTITY),
+                "key_diff": plots.find_row(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL,
+                                           vs=IDENTITY),
+                "splice_keys": None if splice is None else splice.get("share"),
+            })
+    return rows
 
 
-def _find(rows: Sequence[Row], **match: Any) -> Row | None:
-    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    return found[0] if found else None
+def _overview_table(rows: Sequence[Row]) -> str:
+    header = ("model", "split", "tokens", "filled samples", *_OVERVIEW_ARMS, "retrieval: RidgeFill − identity",
+              "key-token loss: RidgeFill − identity (nat)", "splice: exact keys remove")
+    return _table(header, [(
+        r["model"], r["split"], r["length"], _NA if r["n"] is None else r["n"],
+        *(_score(r["retrieval"].get(arm)) for arm in _OVERVIEW_ARMS),
+        _NA if r["retrieval_diff"] is None else _ci(r["retrieval_diff"], "diff", _signed(".1f")),
+        _NA if r["key_diff"] is None else _ci(r["key_diff"], "diff", _signed(".2f")),
+        _NA if r["splice_keys"] is None else f"{100 * r['splice_keys']:.0f} %",
+    ) for r in rows])
 
 
 def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:

@@ -340,3 +340,7 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
     # exact, ridgefill, identity, nofill (not run), ridgefill+rows, ridgefill+random; then RidgeFill - identity
     assert "| 8 | 100.0 | 75.0 | 25.0 | – | 100.0 | 50.0 | +50.0 [" in by_length["4096"]  # 4 samples x 2 tasks
     assert by_length["64"].endswith("| – | -2.00 [-2.00, -2.00] | 50 % |")
+    assert "](results_overview.png)" in overview and (tmp_path / "results_overview.png").stat().st_size > 0
+    (dirs[0] / "summary.json").unlink()
+    text = render_results_md(dirs, tmp_path / "RESULTS.md", command="x").read_text()
+    assert "## Overview" not in text and not (tmp_path / "results_overview.png").exists()
