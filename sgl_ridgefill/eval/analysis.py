@@ -105,7 +105,7 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
     {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``loss``: {length, arm, metric ("key",
     "new", "all"), n_docs, n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over
     per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents
-    resampled within their corpus source. ``agreement``:
+    resampled within their corpus source (pooled when a source has one document). ``agreement``:
     {length, arm, n_docs, n_tokens, top1, top1_doc_mean, kl_mean, kl_median, vs_identity_n,
     vs_identity_diff, vs_identity_low, vs_identity_high}. ``splice``: {length, arm, metric, n_docs, loss,
     ridgefill, exact, share}. Intervals are 95% BCa with ``n_resamples`` resamples.

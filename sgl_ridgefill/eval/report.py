@@ -72,11 +72,11 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               "scored tokens; mean over documents with a 95% interval (few documents: wide), median after the slash.",
               _loss_table(summary["loss"]), _image(plots.plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
     parts += ["## Paired loss differences", "First arm minus second, paired over documents (95% BCa interval, "
-              "resampling documents within their corpus source).",
+              "resampling documents within their corpus source, or all together when a source has only one).",
               _loss_diff_table(summary["loss_diffs"])]
     parts += ["## Decoding agreement with exact", "Top-1 agreement pooled over tokens and averaged per document; "
               "KL(exact || arm) from the top-k lists; the interval is on the per-document top-1 difference "
-              "against identity (resampled within source).", _agreement_table(summary["agreement"])]
+              "against identity (resampled like the loss differences).", _agreement_table(summary["agreement"])]
     parts += ["## Splice tests", "RidgeFill with exact keys, exact values, both, or only the exact key "
               "magnitude on the filled rows; share of RidgeFill's excess loss over exact that the splice "
               "removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached.",

@@ -24,8 +24,9 @@ _BATCH_ELEMENTS = 4_000_000
 class Interval:
     """A point estimate with a two-sided confidence interval; ``n`` units after dropping NaN pairs.
 
-    method: "bca", "percentile" (BCa fell back: degenerate bootstrap distribution), "constant" (every
-    difference equal: the interval is the point) or "undefined" (fewer than 2 units: NaN bounds).
+    method: "bca", "bca-pooled" (strata pooled: one had a single unit), "percentile" (BCa fell back:
+    degenerate bootstrap distribution), "constant" (every difference equal: the interval is the point) or
+    "undefined" (fewer than 2 units: NaN bounds).
     """
 
     estimate: float
@@ -150,6 +151,10 @@ def stratified_paired_bootstrap(a: ArrayLike, b: ArrayLike, strata: Sequence[obj
     units with replacement, keeping its size, so the task mix is fixed as in the evaluation design.
     Bias correction comes from the replicate distribution, acceleration from the leave-one-out
     jackknife over all units (Efron & Tibshirani 14.3, as scipy does for one sample).
+
+    A stratum with a single unit would add no resampling variance at all (every replicate draws that unit),
+    which makes the interval too narrow; when any stratum has fewer than two units (after dropping NaN
+    pairs) the units are pooled into one stratum and ``method`` says "bca-pooled".
     """
     _check_common(n_resamples, confidence)
     labels = np.asarray(strata)
@@ -169,7 +174,10 @@ def stratified_paired_bootstrap(a: ArrayLike, b: ArrayLike, strata: Sequence[obj
 
     rng = np.random.default_rng(seed)
     totals = np.zeros(n_resamples)  # [B] replicate sums of d
-    _, group = np.unique(labels, return_inverse=True)
+    _, group, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    pooled = len(counts) > 1 and counts.min() < 2
+    if pooled:
+        group = np.zeros_like(group)
     for g in range(group.max() + 1):
         d_g = d[group.ravel() == g]
         rows = max(1, _BATCH_ELEMENTS // d_g.size)
@@ -191,7 +199,7 @@ def stratified_paired_bootstrap(a: ArrayLike, b: ArrayLike, strata: Sequence[obj
     if not all(0.0 <= x <= 1.0 for x in levels):
         return _percentile(replicates, estimate, n, confidence)
     low, high = np.quantile(replicates, levels)
-    return Interval(estimate, float(low), float(high), n, "bca")
+    return Interval(estimate, float(low), float(high), n, "bca-pooled" if pooled else "bca")
 
 
 def _binary(x: ArrayLike, name: str) -> np.ndarray:

@@ -11,6 +11,7 @@ from scipy import stats
 from sgl_ridgefill.eval.analysis import latest_records, load_records, summarize
 from sgl_ridgefill.eval.metrics import TokenScores
 from sgl_ridgefill.eval.report import render_results_md, write_report
+from sgl_ridgefill.eval.stats import stratified_paired_bootstrap
 
 N_RESAMPLES = 500
 TASKS = ("t1", "t2")
@@ -25,7 +26,7 @@ FILLED = {
 
 # Documents: N = 64 tokens, T = 16 scored tail tokens (positions 48..63).
 N, T = 64, 16
-KEY_OFFSETS = {"d0": (0, 1), "d1": (5,), "d2": ()}
+KEY_OFFSETS = {"d0": (0, 1), "d1": (5,), "d2": (), "d3": (9,)}
 # Per arm: (loss on ordinary tokens, loss on key tokens), in nat.
 LOSSES = {
     "exact": (1.0, 1.0),
@@ -59,7 +60,7 @@ def _needle_records():
 
 
 def _prompt(doc):
-    ids = np.arange(N, dtype=np.int64) + {"d0": 1000, "d1": 2000, "d2": 3000}[doc]
+    ids = np.arange(N, dtype=np.int64) + {"d0": 1000, "d1": 2000, "d2": 3000, "d3": 4000}[doc]
     if doc == "d1":
         ids[56:64] = ids[10:18]  # the tail's last 8 tokens copy an earlier span: offsets 8..15 are not new
     return ids
@@ -214,20 +215,23 @@ def test_loss_diffs_are_paired_over_documents(summary):
 
 
 def test_loss_diffs_resample_documents_within_their_source():
-    """d0 and d1 from one source, d2 from another: every replicate keeps one d2, so the interval lies between
-    the means with d2 and two draws of d0/d1; pooled in one source it reaches below that."""
-    def sourced(records, sources):
-        return [{**r, "source": sources[r["doc"]]} if r["kind"] == "doc" else r for r in records]
+    def diff_row(sources, docs):
+        records = [{**r, "source": sources[r["doc"]]} if r["kind"] == "doc" else r
+                   for r in _document_records(docs, with_doc=docs)]
+        return _row(summarize(records, n_resamples=N_RESAMPLES)["loss_diffs"], length=N, metric="all",
+                    arm="ridgefill", vs="exact")
 
-    diffs = np.array(_loss_expected("ridgefill")[2]) - 1.0  # exact loses 1 nat on every token
-    lowest, highest = (2 * diffs[:2].min() + diffs[2]) / 3, (2 * diffs[:2].max() + diffs[2]) / 3
-    split = summarize(sourced(_document_records(), {"d0": "a", "d1": "a", "d2": "b"}), n_resamples=N_RESAMPLES)
-    r = _row(split["loss_diffs"], length=N, metric="all", arm="ridgefill", vs="exact")
-    assert r["diff"] == pytest.approx(diffs.mean())
-    assert lowest - 1e-9 <= r["low"] < r["diff"] < r["high"] <= highest + 1e-9
-    pooled = _row(summarize(_document_records(), n_resamples=N_RESAMPLES)["loss_diffs"], length=N, metric="all",
-                  arm="ridgefill", vs="exact")
-    assert pooled["low"] < lowest
+    docs = ("d0", "d1", "d2", "d3")
+    per_doc = {"d0": (2 * 3.0 + 14 * 1.5) / 16, "d1": (3.0 + 15 * 1.5) / 16, "d2": 1.5, "d3": (3.0 + 15 * 1.5) / 16}
+    diffs = np.array([per_doc[d] for d in docs]) - 1.0  # exact loses 1 nat on every token
+    split = diff_row({"d0": "a", "d1": "a", "d2": "b", "d3": "b"}, docs)
+    want = stratified_paired_bootstrap(diffs, np.zeros(4), ["a", "a", "b", "b"], n_resamples=N_RESAMPLES)
+    assert (split["diff"], split["low"], split["high"]) == pytest.approx((want.estimate, want.low, want.high))
+    pooled = diff_row({d: "a" for d in docs}, docs)
+    assert pooled["diff"] == pytest.approx(split["diff"]) and (pooled["low"], pooled["high"]) != (split["low"], split["high"])
+    # A source with one document would carry no variance: the documents are pooled.
+    lone = diff_row({"d0": "a", "d1": "a", "d2": "a", "d3": "b"}, docs)
+    assert (lone["low"], lone["high"]) == pytest.approx((pooled["low"], pooled["high"]))
 
 
 def test_documents_without_a_doc_record_are_unmeasured_for_new_tokens():

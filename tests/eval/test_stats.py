@@ -190,3 +190,16 @@ def test_sign_test_drops_ties_and_nan():
     assert r["p_value"] == pytest.approx(stats.binomtest(6, 7, 0.5).pvalue)
     assert r["p_value"] == pytest.approx(16 / 128)
     assert sign_test([1, 2], [1, 2]) == {"n": 0, "n_ties": 2, "n_pos": 0, "n_neg": 0, "p_value": 1.0}
+
+
+def test_a_stratum_of_one_unit_pools_the_strata():
+    # A lone unit would be drawn in every replicate and carry no variance: the strata are pooled instead.
+    a, b = _pair(9, seed=3)
+    lone = stratified_paired_bootstrap(a, b, ["x"] * 8 + ["y"], n_resamples=B, seed=1)
+    pooled = stratified_paired_bootstrap(a, b, ["x"] * 9, n_resamples=B, seed=1)
+    assert lone.method == "bca-pooled" and pooled.method == "bca"
+    assert (lone.low, lone.high) == (pooled.low, pooled.high)
+    # A NaN pair that leaves a stratum with one unit counts too.
+    a[4] = np.nan
+    assert stratified_paired_bootstrap(a, b, ["x"] * 4 + ["y"] * 2 + ["x"] * 3, n_resamples=B).method == "bca-pooled"
+    assert stratified_paired_bootstrap(a, b, ["x"] * 3 + ["y"] * 3 + ["x"] * 3, n_resamples=B).method == "bca"
