@@ -153,7 +153,7 @@ def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
         series.setdefault(f"{r['model']} {r['split']}", []).append(r)
     if not series:
         return None
-    fig, (left, right) = _figure(2, width=6.5)
+    fig, (left, right) = _figure(2, width=6.5, height=4.0 + 0.12 * len(series) * 3)
     styles = (("exact", ":"), ("ridgefill", "-"), ("identity", "--"))
     for i, (label, points) in enumerate(series.items()):
         color = colormaps["tab10"](i % 10)
@@ -177,9 +177,9 @@ def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
         ax.grid(alpha=0.3)
     left.set_ylabel("filled-region score (0-100)")
     left.set_ylim(-2, 105)
-    left.legend(fontsize=6, ncol=2)
+    left.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: never over a point
     right.axhline(0, color="black", lw=0.8)
     right.set_ylabel("key-token loss, RidgeFill − identity (nat)")
     if right.lines:
-        right.legend(fontsize=7)
+        right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     return _save(fig, path)
