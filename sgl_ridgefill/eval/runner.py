@@ -20,7 +20,6 @@ import numpy as np
 
 from . import arms as A
 
-CHECK_PROMPTS = 3
 CHECK_NEW_TOKENS = 8
 TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, metrics.kl_topk)
 
