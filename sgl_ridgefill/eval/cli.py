@@ -66,9 +66,18 @@ def add_subparser(subparsers) -> None:
     p.set_defaults(func=_main)
 
 
+def _serving_settings(model_dir: pathlib.Path, max_len: int) -> dict[str, object]:
+    """SGLang settings shared by the local servers (as flags) and the offline engines (as keywords): every
+    prompt prefilled in one chunk (tail prompt logprobs under RidgeFill need it)."""
+    return {"model_path": str(model_dir), "dtype": "bfloat16", "chunked_prefill_size": max_len,
+            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.2}
+
+
 def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
-    return ["--model-path", str(model_dir), "--dtype", "bfloat16", "--chunked-prefill-size", str(max_len),
-            "--max-total-tokens", str(max_len + 2048), "--mem-fraction-static", "0.2"]
+    flags = []
+    for key, value in _serving_settings(model_dir, max_len).items():
+        flags += ["--" + key.replace("_", "-"), str(value)]
+    return flags
 
 
 @contextlib.contextmanager
@@ -118,7 +127,7 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     from .engine_client import engine_kwargs, running_engine
     from .runner import fingerprints
 
-    kwargs = engine_kwargs(model_dir, max_len, cpu=cpu)
+    kwargs = engine_kwargs(_serving_settings(model_dir, max_len), cpu=cpu)
     stock = None
     if check_prompts is not None:
         print("starting the stock engine ...", flush=True)

@@ -38,12 +38,12 @@ class EngineClient:
         return checked_response(out, self.name)
 
 
-def engine_kwargs(model_dir, max_len: int, *, cpu: bool) -> dict[str, Any]:
-    """``sglang.Engine`` keywords for one evaluation engine (the same settings as the local servers)."""
+def engine_kwargs(settings: dict[str, Any], *, cpu: bool) -> dict[str, Any]:
+    """``sglang.Engine`` keywords for one evaluation engine: the local servers' ``settings``, quieter logs,
+    and the CPU arguments on a machine without a GPU."""
     from ..cpu.environment import CPU_SERVER_ARGS
 
-    kwargs: dict[str, Any] = dict(model_path=str(model_dir), dtype="bfloat16", chunked_prefill_size=max_len,
-                                  max_total_tokens=max_len + 2048, mem_fraction_static=0.2, log_level="warning")
+    kwargs = {**settings, "log_level": "warning"}
     if cpu:
         kwargs.update(CPU_SERVER_ARGS)
     return kwargs
