@@ -1,35 +1,32 @@
-"""Server-wide RidgeFill settings, read once per process from the environment the CLI flags write."""
+"""Server-wide RidgeFill settings, read once per process from the environment the CLI flags write.
+
+One field per entry of ``settings.SETTINGS`` (same names, order and defaults, checked at import); the
+table also validates each value and reads it from the environment.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from . import envs
+from .settings import ALL_POLICIES, ARMS, CACHE_MODES, DEFAULT_TAIL, MAP_DTYPES, SETTINGS, SETTINGS_BY_NAME
 
-ARMS = ("ridgefill", "identity", "nofill", "exact")
-CACHE_MODES = ("no_insert", "namespace")
-MAP_DTYPES = ("auto", "bfloat16", "float32", "int8")
-DEFAULT_TAIL = 1024
-
-
-def _int(name: str, raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+__all__ = ["ARMS", "CACHE_MODES", "DEFAULT_TAIL", "MAP_DTYPES", "ServerConfig", "bind_config", "config_for"]
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """What ``--prefill-backend ridgefill`` and the ``--ridgefill-*`` flags asked for.
+    """What ``--prefill-backend`` and the ``--ridgefill-*`` flags asked for (``settings.py`` says what each
+    means).
 
     ``split``/``tail``/``arm``/``cache_mode`` given here override the policy file's; ``None`` means "use the
     policy's, else the maps folder's default split and ``DEFAULT_TAIL``".
     """
 
-    enabled: bool = False
+    prefill_backend: str = "default"
     maps: str | None = None
     policy: str | None = None
     split: int | None = None
@@ -37,33 +34,69 @@ class ServerConfig:
     arm: str | None = None
     cache_mode: str | None = None
     map_dtype: str = "auto"
+    diagnostics: bool = False
+    request_policies: tuple[str, ...] = ()  # () only the server's own policy; ("all",) every shipped one
+    max_tail: int | None = None
 
     def __post_init__(self) -> None:
-        if self.arm is not None and self.arm not in ARMS:
-            raise ValueError(f"--ridgefill-arm {self.arm!r} is not one of {', '.join(ARMS)}")
-        if self.cache_mode is not None and self.cache_mode not in CACHE_MODES:
-            raise ValueError(f"--ridgefill-cache-mode {self.cache_mode!r} is not one of {', '.join(CACHE_MODES)}")
-        if self.map_dtype not in MAP_DTYPES:
-            raise ValueError(f"--ridgefill-map-dtype {self.map_dtype!r} is not one of {', '.join(MAP_DTYPES)}")
-        if self.split is not None and self.split < 1:
-            raise ValueError(f"--ridgefill-split must be >= 1, got {self.split}")
-        if self.tail is not None and self.tail < 1:
-            raise ValueError(f"--ridgefill-tail must be >= 1, got {self.tail}")
+        for setting in SETTINGS:
+            value = getattr(self, setting.name)
+            if value is not None:
+                setting.check(value)
         if self.enabled and self.maps is None and (self.arm or "ridgefill") == "ridgefill":
             raise ValueError(
-                "--prefill-backend ridgefill needs --ridgefill-maps DIR (fit one with `sgl-ridgefill calibrate`); "
-                "only the identity, nofill and exact arms run without maps"
+                f"{_flag('prefill_backend')} ridgefill needs {_flag('maps')} DIR (fit one with `sgl-ridgefill "
+                "calibrate`); only the identity, nofill and exact arms run without maps"
             )
 
-    @classmethod
-    def from_env(cls) -> ServerConfig:
-        return cls(
-            enabled=envs.ridgefill_enabled(),
-            maps=envs.get(envs.MAPS),
-            policy=envs.get(envs.POLICY),
-            split=_int("--ridgefill-split", envs.get(envs.SPLIT)),
-            tail=_int("--ridgefill-tail", envs.get(envs.TAIL)),
-            arm=envs.get(envs.ARM),
-            cache_mode=envs.get(envs.CACHE_MODE),
-            map_dtype=envs.get(envs.MAP_DTYPE, "auto"),
+    @property
+    def enabled(self) -> bool:
+        return self.prefill_backend == "ridgefill"
+
+    def allows_policy(self, name: str, own: str | None) -> bool:
+        """Whether a request may select the policy ``name``; ``own`` is the name of the server's compiled
+        policy (``--ridgefill-policy`` may be a file, so only the runtime knows it). Whether ``name`` exists
+        is the runtime's question, asked after this one, so a refused client learns nothing of the others."""
+        return (
+            name == own
+            or self.diagnostics
+            or ALL_POLICIES in self.request_policies
+            or name in self.request_policies
         )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        """The settings ``environ`` (default: this process's environment) holds; ``ValueError`` names the
+        variable or flag of a bad one."""
+        environ = os.environ if environ is None else environ
+        return cls(**{s.name: s.read(environ) for s in SETTINGS})
+
+
+def _flag(name: str) -> str:
+    return SETTINGS_BY_NAME[name].flag
+
+
+# A setting without its field (or the other way round) would be dropped silently: fail at import.
+assert [(f.name, f.default) for f in dataclasses.fields(ServerConfig)] == [(s.name, s.default) for s in SETTINGS], (
+    "ServerConfig and settings.SETTINGS differ"
+)
+
+_BOUND = "_ridgefill_config"
+
+
+def bind_config(manager: Any, config: ServerConfig) -> None:
+    """Give ``manager`` (an SGLang ``TokenizerManager``) the settings it checks requests against.
+
+    ``ridgefill_engine`` sets the ``RIDGEFILL_*`` variables only while its engine starts, so the engine's
+    tokenizer manager, which runs in the caller's process, cannot read them from the environment later."""
+    setattr(manager, _BOUND, config)
+
+
+def config_for(manager: Any) -> ServerConfig:
+    """The settings ``manager`` checks requests against: those bound to it, else this process's environment
+    (read at its first request and kept)."""
+    config = getattr(manager, _BOUND, None)
+    if config is None:
+        config = ServerConfig.from_env()
+        bind_config(manager, config)
+    return config

@@ -33,10 +33,9 @@ the same parameters::
         answer_two.run(document=long_text)
     answer_two.run_batch(batch, backend=endpoint.with_ridgefill(tail=512))
 
-The parameters are those of ``custom_params["ridgefill"]`` (:mod:`sgl_ridgefill.request_params`:
-``enabled``, ``arm``, ``policy``, ``split``, ``tail``, ``exact_every``, ``control``, ``value_rescale``,
-``seed``); ``None`` sends none and the server's policy applies. They are checked when given, so a typo
-fails before any request. An override's fields replace the endpoint's and keep the rest.
+The parameters are those of ``custom_params["ridgefill"]`` (the keys of
+:data:`sgl_ridgefill.request_schema.REQUEST_KEYS`); ``None`` sends none and the server's policy applies.
+They are checked when given, so a typo fails before any request. An override's fields replace the endpoint's and keep the rest.
 
 Limits. SGLang's ``s.fork(n)`` sends its prefix-caching request only if the parent's worker thread has
 already applied the text before it; ``s.sync()`` first makes sure the prefix is filled once and shared,
@@ -69,9 +68,9 @@ from typing import TYPE_CHECKING, Any
 from sglang.lang.backend import runtime_endpoint as _host
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
-from .config import ARMS
 from .patches import NAMESPACE_MARK
 from .request_params import KEY, RequestParamError, parse_request_params
+from .request_schema import expand_shorthand
 
 if TYPE_CHECKING:
     from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
@@ -150,10 +149,8 @@ def _checked_params(spec: Any, origin: str) -> dict[str, Any] | None:
     """``spec`` as a ``custom_params["ridgefill"]`` dict, validated; errors name ``origin``."""
     if spec is None:
         return None
-    if isinstance(spec, bool):
-        params: Any = {"enabled": spec}
-    elif isinstance(spec, str):
-        params = {"arm": spec} if spec in ARMS else {"policy": spec}
+    if isinstance(spec, (bool, str)):
+        params: Any = expand_shorthand(spec)
     elif isinstance(spec, Mapping):
         params = dict(spec)
     else:

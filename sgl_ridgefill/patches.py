@@ -51,6 +51,7 @@ def after_add_cli_args(result: Any, *args: Any, **kwargs: Any) -> None:
 def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``TokenizerManager._validate_one_request``: SGLang checks lengths; RidgeFill also checks the
     request's ``custom_params["ridgefill"]``. A ``ValueError`` here becomes HTTP 400 for this request only."""
+    from .config import config_for
     from .request_params import RequestParamError, parse_request_params
 
     sampling = getattr(obj, "sampling_params", None) or {}
@@ -63,7 +64,7 @@ def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: A
     params = parse_request_params(custom)
     if params is None or params.wants_exact:
         return None
-    if not envs.ridgefill_enabled():
+    if not config_for(manager).enabled:  # not the environment: ridgefill_engine restores it after the start
         raise RequestParamError(
             'custom_params["ridgefill"] asks for RidgeFill, but this server runs with --prefill-backend default'
         )

@@ -3,56 +3,48 @@
 They arrive through SGLang's ``SamplingParams.custom_params`` from the native ``/generate``, the
 OpenAI-compatible API (``extra_body={"custom_params": {...}}``) and ``Engine.generate``. The server checks
 them in the tokenizer process (a bad value is an HTTP 400 for that request alone) and again in the
-scheduler, where they become a :class:`~sgl_ridgefill.runtime.plan.RequestPlan`.
+scheduler, where they become a :class:`~sgl_ridgefill.runtime.plan.RequestPlan`. The keys, their values and
+their errors are declared in ``request_schema.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ARMS
+from .request_schema import KEY, REQUEST_KEYS, WHERE, RequestParamError, diagnostic_keys_used, parse_fields
+from .settings import SETTINGS_BY_NAME
 
-KEY = "ridgefill"
-CONTROLS = ("none", "random")
-SPLICES = ("keys", "values", "both", "key_norm")
-
-
-class RequestParamError(ValueError):
-    """A request's ``custom_params["ridgefill"]`` is malformed; the message names the offending key."""
-
-
-def _expect_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestParamError(f'custom_params["ridgefill"]["{name}"] must be an integer, got {value!r}')
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise RequestParamError(f'custom_params["ridgefill"]["{name}"] must be {bound}, got {value}')
-    return value
+__all__ = ["KEY", "RequestParamError", "RequestParams", "parse_request_params", "refuse_diagnostics"]
 
 
 @dataclass(frozen=True)
 class RequestParams:
-    """What one request asked for; ``None`` fields fall back to the server's policy."""
+    """What one request asked for (one field per key of ``REQUEST_KEYS``, same order and defaults);
+    ``None`` fields fall back to the server's policy."""
 
     enabled: bool = True
     arm: str | None = None
     policy: str | None = None
     split: int | None = None
     tail: int | None = None
-    exact_every: int | None = None  # every k-th new prefix row exact (a simple selection for tests/controls)
-    control: str = "none"  # "random": replace the selected rows by as many random rows
-    value_rescale: int | None = None  # c; 0 turns the policy's correction off
+    exact_every: int | None = None
+    control: str = "none"
+    value_rescale: int | None = None
     seed: int = 0
-    splice: str | None = None  # diagnostic (sgl-ridgefill eval): exact keys/values/both/key magnitude on filled rows
+    splice: str | None = None
 
     @property
     def wants_exact(self) -> bool:
         return not self.enabled or self.arm == "exact"
 
 
-_FIELDS = {"enabled", "arm", "policy", "split", "tail", "exact_every", "control", "value_rescale", "seed", "splice"}
+# A key declared without its field (or the other way round) would be dropped silently: fail at import.
+assert [(f.name, f.default) for f in dataclasses.fields(RequestParams)] == [
+    (k.name, k.default) for k in REQUEST_KEYS
+], "RequestParams and request_schema.REQUEST_KEYS differ"
 
 
 def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestParams | None:
@@ -62,44 +54,15 @@ def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestPara
     raw = custom_params[KEY]
     if raw is None:
         return None
-    if isinstance(raw, bool):
-        return RequestParams(enabled=raw)
-    if isinstance(raw, str):
-        raw = {"arm": raw} if raw in ARMS else {"policy": raw}
-    if not isinstance(raw, Mapping):
-        raise RequestParamError(f'custom_params["ridgefill"] must be an object, a boolean or an arm name, got {raw!r}')
-    unknown = sorted(set(raw) - _FIELDS)
-    if unknown:
+    return RequestParams(**parse_fields(raw))
+
+
+def refuse_diagnostics(params: RequestParams | None) -> None:
+    """Raise :class:`RequestParamError` when ``params`` uses a diagnostic key or value (for a server started
+    without ``--ridgefill-diagnostics``); one message names them all."""
+    used = diagnostic_keys_used(params)
+    if used:
         raise RequestParamError(
-            f'custom_params["ridgefill"] has unknown key(s) {", ".join(map(repr, unknown))}; '
-            f"known keys: {', '.join(sorted(_FIELDS))}"
+            f"{WHERE} uses diagnostic setting(s) {', '.join(used)}; "
+            f"this server accepts them only when started with {SETTINGS_BY_NAME['diagnostics'].flag}"
         )
-    kw: dict[str, Any] = {}
-    if "enabled" in raw:
-        if not isinstance(raw["enabled"], bool):
-            raise RequestParamError(f'custom_params["ridgefill"]["enabled"] must be true or false, got {raw["enabled"]!r}')
-        kw["enabled"] = raw["enabled"]
-    if raw.get("arm") is not None:
-        if raw["arm"] not in ARMS:
-            raise RequestParamError(f'custom_params["ridgefill"]["arm"] must be one of {", ".join(ARMS)}, got {raw["arm"]!r}')
-        kw["arm"] = raw["arm"]
-    if raw.get("policy") is not None:
-        if not isinstance(raw["policy"], str) or not raw["policy"]:
-            raise RequestParamError(f'custom_params["ridgefill"]["policy"] must be a policy name, got {raw["policy"]!r}')
-        kw["policy"] = raw["policy"]
-    for name, lo in (("split", 1), ("tail", 1), ("exact_every", 1), ("value_rescale", 0), ("seed", 0)):
-        if raw.get(name) is not None:
-            kw[name] = _expect_int(name, raw[name], lo)
-    if raw.get("control") is not None:
-        if raw["control"] not in CONTROLS:
-            raise RequestParamError(
-                f'custom_params["ridgefill"]["control"] must be one of {", ".join(CONTROLS)}, got {raw["control"]!r}'
-            )
-        kw["control"] = raw["control"]
-    if raw.get("splice") is not None:
-        if raw["splice"] not in SPLICES:
-            raise RequestParamError(
-                f'custom_params["ridgefill"]["splice"] must be one of {", ".join(SPLICES)}, got {raw["splice"]!r}'
-            )
-        kw["splice"] = raw["splice"]
-    return RequestParams(**kw)

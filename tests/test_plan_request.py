@@ -27,7 +27,7 @@ def _runtime(**cfg) -> RidgeFillRuntime:
     adapter = SimpleNamespace(shape=SimpleNamespace(num_layers=24))
     maps = SimpleNamespace(splits=(12, 16), folder=SimpleNamespace(manifest={"files": {"a": "1"}}, path="m"))
     return RidgeFillRuntime(
-        ServerConfig(enabled=True, maps="m", **cfg), adapter, maps=maps, policy=SERVER_POLICY,
+        ServerConfig(prefill_backend="ridgefill", maps="m", **cfg), adapter, maps=maps, policy=SERVER_POLICY,
         policies={"named": NAMED, "server": SERVER_POLICY}, default_split=12,
     )
 

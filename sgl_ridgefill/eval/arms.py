@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..bench.bounds import ModelDims, RidgeFillShape, ridgefill_prefill_flops
+from ..request_schema import SPLICES
 
 EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
 IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM, NOFILL_LONGTAIL = (
     "identity+rows", "ridgefill+rows", "ridgefill+random", "nofill+longtail",
 )
-SPLICES = ("keys", "values", "both", "key_norm")
 SPLICE_ARMS = tuple(f"splice:{s}" for s in SPLICES)
 CUT = "cut"  # loss only: the tail scored with the context cut to the tail itself
 

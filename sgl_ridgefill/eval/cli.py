@@ -6,7 +6,8 @@ Without ``--url`` it starts a stock server and a RidgeFill server on this machin
 fill-disabled RidgeFill server answers byte for byte like stock, stops the stock one and runs every arm.
 A RidgeFill arm that comes back bit-identical to exact stops the run (the server did not fill).
 With ``--url`` (a RidgeFill server started with ``--ridgefill-policy OUT/eval-rows.rfpolicy``, which this
-command writes, and ``--chunked-prefill-size`` at least the longest length) it needs ``--stock-url`` too.
+command writes, ``--ridgefill-diagnostics`` for the control arms, and ``--chunked-prefill-size`` at least the
+longest length) it needs ``--stock-url`` too.
 With ``--engine`` it runs offline instead: a stock ``sglang.Engine`` in this process answers the check
 prompts and shuts down, then a RidgeFill engine (``sgl_ridgefill.engine.ridgefill_engine``) runs the rest
 (on a GPU when this machine has one, else on CPU).
@@ -24,6 +25,7 @@ import pathlib
 import sys
 import time
 
+from ..settings import cli_flags, engine_keywords
 from . import arms as A
 
 DEFAULT_TASKS = "niah_single"
@@ -73,6 +75,14 @@ def _serving_settings(model_dir: pathlib.Path, max_len: int) -> dict[str, object
             "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.2}
 
 
+def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str, object]:
+    """The RidgeFill settings (``sgl_ridgefill.settings`` names) shared by the local server (as flags) and the
+    offline engine (as ``ridgefill_*`` keywords). The arms name shipped policies and use the control arms,
+    ``control`` and ``splice``, which a server accepts only with diagnostics on."""
+    return {"maps": str(args.maps), "split": split, "tail": args.tail, "policy": str(policy_file),
+            "diagnostics": True}
+
+
 def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
     flags = []
     for key, value in _serving_settings(model_dir, max_len).items():
@@ -100,8 +110,7 @@ def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
 
     base = _server_flags(model_dir, max_len)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
-    rf_flags = base + ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(args.maps), "--ridgefill-split",
-                       str(split), "--ridgefill-tail", str(args.tail), "--ridgefill-policy", str(policy_file)]
+    rf_flags = base + cli_flags({"prefill_backend": "ridgefill", **_ridgefill_settings(args, split, policy_file)})
     with contextlib.ExitStack() as stack:
         print("starting the RidgeFill server (log: OUT/ridgefill-server.log) ...", flush=True)
         rf = stack.enter_context(running_server(rf_flags, log_path=args.out / "ridgefill-server.log", env=env))
@@ -134,8 +143,7 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
         with running_engine(kwargs, None, "stock engine") as engine:
             stock = fingerprints(engine, check_prompts)
     print("starting the RidgeFill engine ...", flush=True)
-    options = dict(ridgefill_maps=str(args.maps), ridgefill_split=split, ridgefill_tail=args.tail,
-                   ridgefill_policy=str(policy_file))
+    options = engine_keywords(_ridgefill_settings(args, split, policy_file))
     with running_engine(kwargs, options, "RidgeFill engine") as engine:
         yield engine, stock
 

@@ -19,9 +19,10 @@ import tempfile
 import time
 from typing import Callable
 
+from ..envs import CACHE_DIR
 from .recipes import ModelFetchError, ModelRecipe, get_recipe
 
-CACHE_DIR_ENV = "RIDGEFILL_CACHE_DIR"
+CACHE_DIR_ENV = CACHE_DIR
 SOURCE_FILE = "ridgefill-source.json"
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..request_schema import namespace_fields
+
 
 @dataclass(frozen=True)
 class RequestPlan:
@@ -41,15 +43,11 @@ class RequestPlan:
 
     @property
     def namespace(self) -> str:
-        """Cache namespace for ``cache_mode = namespace``: everything that changes the filled KV."""
-        key = "|".join(
-            map(
-                str,
-                (self.maps_id, self.arm, self.split, self.tail, self.exact_every, self.control, self.value_rescale,
-                 self.seed, getattr(self.policy, "identity", ""), self.splice),
-            )
-        )
-        return "rf:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        """Cache namespace for ``cache_mode = namespace``: everything that changes the filled KV, i.e. the
+        maps, the policy's identity and the plan fields of the request keys declared ``in_namespace``."""
+        parts = [f"maps={self.maps_id}", f"policy={getattr(self.policy, 'identity', '')}"]
+        parts += [f"{name}={getattr(self, name)}" for name in namespace_fields()]
+        return "rf:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 @dataclass

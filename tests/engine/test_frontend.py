@@ -243,7 +243,7 @@ def test_bad_parameters_fail_before_any_request(frontend):
     with pytest.raises(ValueError) as info:
         fe.RidgeFillEndpoint(unreachable, ridgefill={"tail": -1})
     assert str(info.value) == (
-        "RidgeFillEndpoint(ridgefill={'tail': -1}): custom_params[\"ridgefill\"][\"tail\"] must be >= 1, got -1"
+        "RidgeFillEndpoint(ridgefill={'tail': -1}): custom_params[\"ridgefill\"][\"tail\"] must be in [1, 2147483647], got -1"
     )
     with pytest.raises(ValueError) as info:
         fe.RidgeFillEndpoint(unreachable, ridgefill={"arm": "ridgefill", "tial": 16})

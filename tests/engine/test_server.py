@@ -63,7 +63,7 @@ def test_generate_matches_reference_and_bad_params_get_400(server):
     assert_top_close(_top(ok), model.expected_top(ids, split=SPLIT, tail=TAIL, arm="identity"))
     bad = _generate(url, ids, {"tail": -1})
     assert bad.status_code == 400
-    assert bad.json()["error"]["message"] == 'custom_params["ridgefill"]["tail"] must be >= 1, got -1'
+    assert bad.json()["error"]["message"] == 'custom_params["ridgefill"]["tail"] must be in [1, 2147483647], got -1'
     reserved = _generate(url, ids, extra_key="x|rf:abc")
     assert reserved.status_code == 400 and "reserved" in reserved.json()["error"]["message"]
     assert requests.get(url + "/health", timeout=30).status_code == 200

@@ -1,0 +1,245 @@
+"""Every key of a request's ``custom_params["ridgefill"]``, declared once.
+
+:data:`REQUEST_KEYS` is the one list. The parser (``request_params.py``), the fields of
+:class:`~sgl_ridgefill.request_params.RequestParams`, the unknown-key error, which keys a server must opt
+into (``--ridgefill-diagnostics``), which plan fields make up a radix-cache namespace
+(``RequestPlan.namespace``) and the README's table of keys are all derived from it::
+
+    python -m sgl_ridgefill.request_schema --markdown     # the README's "Per request" table
+
+Engine-free: imports neither SGLang nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+KEY = "ridgefill"
+WHERE = 'custom_params["ridgefill"]'
+
+ARMS = ("ridgefill", "identity", "nofill", "exact")
+CONTROLS = ("none", "random")
+SPLICES = ("keys", "values", "both", "key_norm")
+MAX_POLICY_NAME = 200
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+_SHOWN_CHARS = 80  # characters of a bad value echoed back in an error
+
+
+class RequestParamError(ValueError):
+    """A request's ``custom_params["ridgefill"]`` is malformed; the message names the offending key."""
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short: errors echo what a client sent, and a client can send a megabyte."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer beyond Python's 4300-digit limit for str()
+        return "an integer too long to print"
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestKey:
+    """One key. ``default`` is the value when the request leaves the key out (``None``: the server's)."""
+
+    name: str
+    doc: str  # one line, for the README table
+    default: Any = None
+    default_doc: str = "the server's"  # the README's default column when ``default`` is None
+    diagnostic: bool = False  # a measurement knob: any value but the default needs --ridgefill-diagnostics
+    in_namespace: bool = False  # changes the filled KV, so it is part of a plan's radix-cache namespace
+
+    @property
+    def where(self) -> str:
+        return f'{WHERE}["{self.name}"]'
+
+    def parse(self, value: Any) -> Any:
+        """``value`` checked (never ``None``: an absent key); raises :class:`RequestParamError`."""
+        raise NotImplementedError
+
+    def is_diagnostic(self, value: Any) -> bool:
+        """Whether a request that sent ``value`` uses a diagnostic."""
+        return self.diagnostic and value != self.default
+
+    def values_text(self) -> str:
+        raise NotImplementedError
+
+    def diagnostic_text(self) -> str:
+        return "yes" if self.diagnostic else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoolKey(RequestKey):
+    def parse(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise RequestParamError(f"{self.where} must be true or false, got {_shown(value)}")
+        return value
+
+    def values_text(self) -> str:
+        return "`true`, `false`"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntKey(RequestKey):
+    lo: int
+    hi: int  # every integer is bounded: SGLang's msgspec send raises OverflowError (HTTP 500) at 2**64
+
+    def parse(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RequestParamError(f"{self.where} must be an integer, got {_shown(value)}")
+        if not self.lo <= value <= self.hi:
+            raise RequestParamError(f"{self.where} must be in [{self.lo}, {self.hi}], got {_shown(value)}")
+        return value
+
+    def values_text(self) -> str:
+        return f"integer in [{self.lo}, {self.hi}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnumKey(RequestKey):
+    choices: tuple[str, ...]
+    diagnostic_choices: frozenset[str] = field(default_factory=frozenset)  # values that need diagnostics
+
+    def __post_init__(self) -> None:
+        assert self.diagnostic_choices <= set(self.choices), (self.name, self.diagnostic_choices)
+
+    def parse(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.choices:
+            raise RequestParamError(f"{self.where} must be one of {', '.join(self.choices)}, got {_shown(value)}")
+        return value
+
+    def is_diagnostic(self, value: Any) -> bool:
+        return value in self.diagnostic_choices or super().is_diagnostic(value)
+
+    def values_text(self) -> str:
+        return ", ".join(f"`{c}`" for c in self.choices)
+
+    def diagnostic_text(self) -> str:
+        if self.diagnostic_choices and not self.diagnostic:
+            return ", ".join(f"`{c}`" for c in self.choices if c in self.diagnostic_choices)
+        return super().diagnostic_text()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyKey(RequestKey):
+    max_length: int = MAX_POLICY_NAME
+
+    def parse(self, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise RequestParamError(f"{self.where} must be a policy name, got {_shown(value)}")
+        if len(value) > self.max_length:
+            raise RequestParamError(
+                f"{self.where} must be a policy name of at most {self.max_length} characters, got {len(value)}"
+            )
+        return value
+
+    def values_text(self) -> str:
+        return f"policy name (at most {self.max_length} characters)"
+
+
+REQUEST_KEYS: tuple[RequestKey, ...] = (
+    BoolKey(name="enabled", default=True, doc="false runs this request exactly"),
+    EnumKey(
+        name="arm", choices=ARMS, diagnostic_choices=frozenset({"identity", "nofill"}), in_namespace=True,
+        doc="`ridgefill`, `exact`, or a control arm: `identity` (the split state copied to the upper layers) or "
+            "`nofill` (the upper layers hold nothing for the prefix)",
+    ),
+    PolicyKey(
+        name="policy",  # the compiled policy's identity goes into the namespace, not its name
+        doc="a policy by name: the server's own, or one `--ridgefill-request-policies` allows",
+    ),
+    IntKey(name="split", lo=1, hi=1024, in_namespace=True, doc="split layer S (overrides the policy)"),
+    IntKey(name="tail", lo=1, hi=INT32_MAX, in_namespace=True,
+           doc="tail length T in tokens (overrides the policy; at most `--ridgefill-max-tail`)"),
+    IntKey(name="exact_every", lo=1, hi=INT32_MAX, diagnostic=True, in_namespace=True, default_doc="off",
+           doc="every k-th new prefix row runs exactly (a simple selection for tests and controls)"),
+    EnumKey(name="control", choices=CONTROLS, default="none", diagnostic=True, in_namespace=True,
+            doc="`random`: as many random prefix rows run exactly as the selection chose"),
+    IntKey(name="value_rescale", lo=0, hi=INT32_MAX, in_namespace=True,
+           doc="the value rescale `c`; 0 turns the policy's correction off"),
+    IntKey(name="seed", lo=0, hi=INT64_MAX, default=0, diagnostic=True, in_namespace=True,
+           doc="seed of the random control's rows"),
+    EnumKey(name="splice", choices=SPLICES, diagnostic=True, in_namespace=True, default_doc="off",
+            doc="the filled rows get the exact model's keys, values, both, or key magnitude (costs a full exact "
+                "prefill; for `sgl-ridgefill eval`)"),
+)
+KEYS_BY_NAME: dict[str, RequestKey] = {k.name: k for k in REQUEST_KEYS}
+assert len(KEYS_BY_NAME) == len(REQUEST_KEYS), "duplicate request key"
+
+
+def key_names() -> tuple[str, ...]:
+    return tuple(KEYS_BY_NAME)
+
+
+def namespace_fields() -> tuple[str, ...]:
+    """The keys that change the filled KV: with the maps and the policy's identity, a plan's namespace."""
+    return tuple(k.name for k in REQUEST_KEYS if k.in_namespace)
+
+
+def expand_shorthand(raw: Any) -> Any:
+    """The object form of the shorthands ``true``/``false``, an arm name and a policy name; else ``raw``."""
+    if isinstance(raw, bool):
+        return {"enabled": raw}
+    if isinstance(raw, str):
+        return {"arm": raw} if raw in ARMS else {"policy": raw}
+    return raw
+
+
+def parse_fields(raw: Any) -> dict[str, Any]:
+    """The keys ``raw`` (the value of ``custom_params["ridgefill"]``, shorthands included) gives, checked.
+
+    Keys set to ``None`` count as absent. Raises :class:`RequestParamError`."""
+    raw = expand_shorthand(raw)
+    if not isinstance(raw, Mapping):
+        raise RequestParamError(f"{WHERE} must be an object, a boolean or an arm name, got {_shown(raw)}")
+    unknown = sorted(_shown(k) for k in raw if k not in KEYS_BY_NAME)
+    if unknown:
+        listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise RequestParamError(f"{WHERE} has unknown key(s) {listed}; known keys: {', '.join(sorted(KEYS_BY_NAME))}")
+    return {k.name: k.parse(raw[k.name]) for k in REQUEST_KEYS if raw.get(k.name) is not None}
+
+
+def diagnostic_keys_used(params: Any) -> list[str]:
+    """``name=value`` for each diagnostic key or value in ``params`` (a ``RequestParams`` or ``None``), in
+    declaration order; empty when the request needs no ``--ridgefill-diagnostics``."""
+    if params is None:
+        return []
+    used = []
+    for k in REQUEST_KEYS:
+        value = getattr(params, k.name)
+        if value is not None and k.is_diagnostic(value):
+            used.append(f"{k.name}={json.dumps(value)}")
+    return used
+
+
+def diagnostic_summary() -> str:
+    """What ``--ridgefill-diagnostics`` unlocks, for help texts: ```arm` `identity` and `nofill`, `splice```."""
+    parts = []
+    for k in REQUEST_KEYS:
+        if k.diagnostic:
+            parts.append(f"`{k.name}`")
+        elif isinstance(k, EnumKey) and k.diagnostic_choices:
+            parts.append(f"`{k.name}` " + " and ".join(f"`{c}`" for c in k.choices if c in k.diagnostic_choices))
+    return ", ".join(parts)
+
+
+def request_keys_markdown() -> str:
+    """The README's table of keys."""
+    lines = ["| key | values | default | diagnostic | meaning |", "|---|---|---|---|---|"]
+    for k in REQUEST_KEYS:
+        default = k.default_doc if k.default is None else f"`{json.dumps(k.default)}`"
+        lines.append(f"| `{k.name}` | {k.values_text()} | {default} | {k.diagnostic_text()} | {k.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print the README's table (the default)")
+    parser.parse_args()
+    print(request_keys_markdown(), end="")
