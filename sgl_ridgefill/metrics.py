@@ -10,7 +10,7 @@ import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .runtime.plan import RequestState
+    from .runtime.state import RequestState
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,12 +1,14 @@
 """Every change sgl-ridgefill makes to SGLang 0.5.23, in one place, applied through SGLang's HookRegistry.
 
-Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend,
-the per-request parameter check in the tokenizer process, and a resolution step that turns the prefill
-CUDA graph off when RidgeFill is on. Only when ``--prefill-backend ridgefill`` is on (scheduler
-processes): the runtime built after the model loads, request admission, cache release, and the model
-forwards. Each hook's docstring says what SGLang does there, what RidgeFill changes, and why. SGLang logs
-and swallows plugin errors, so :func:`verify_hooks` checks that every hook took effect and stops the
-process (a ``SystemExit`` is not swallowed) when one did not.
+Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend
+and the per-request parameter check in the tokenizer process. Only when ``--prefill-backend ridgefill``
+is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
+the model loads and checked against the attention backends once they exist; request admission, batch
+publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
+radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
+on every response; and the weight-update guard. Each hook's docstring says what SGLang does there, what
+RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks that
+every hook took effect and stops the process (a ``SystemExit`` is not swallowed) when one did not.
 """
 
 from __future__ import annotations
@@ -21,15 +23,34 @@ logger = logging.getLogger("sgl_ridgefill")
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+INIT_ATTENTION = "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends"
 CREATE_REQ = "sglang.srt.managers.scheduler.Scheduler._create_generation_req"
+PUBLISH_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
+MATCH_LIMIT = "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len"
 RELEASE_KV = "sglang.srt.mem_cache.common.release_kv_cache"
+PREFILL_GRAPH = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph"
+DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
+REQUEST_LEVEL_INFO = (
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
+    "is_request_level_customized_info_key"
+)
+META_INFO = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info"
+_WEIGHTS = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager."
+WEIGHT_UPDATES = tuple(
+    _WEIGHTS + name
+    for name in ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                 "update_weights_from_ipc")
+)
 MODEL_FORWARDS = (
     "sglang.srt.models.llama.LlamaForCausalLM.forward",
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
 )
 ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST)
-ENABLED_TARGETS = (LOAD_MODEL, CREATE_REQ, RELEASE_KV, *MODEL_FORWARDS)
+ENABLED_TARGETS = (
+    LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
+    REQUEST_LEVEL_INFO, META_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
+)
 NAMESPACE_MARK = "|rf:"
 
 
@@ -48,26 +69,34 @@ def after_add_cli_args(result: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _reserved(value: Any) -> bool:
+    return isinstance(value, str) and NAMESPACE_MARK in value
+
+
 def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``TokenizerManager._validate_one_request``: SGLang checks lengths; RidgeFill also checks the
-    request's ``custom_params["ridgefill"]``. A ``ValueError`` here becomes HTTP 400 for this request only."""
+    request's ``custom_params["ridgefill"]`` against the server's bounds, and refuses cache keys that
+    contain RidgeFill's namespace mark. A ``ValueError`` here becomes HTTP 400 for this request only."""
     from .config import config_for
     from .request_params import RequestParamError, parse_request_params
+    from .runtime.admission import check_request_bounds
 
     sampling = getattr(obj, "sampling_params", None) or {}
     custom = sampling.get("custom_params") if isinstance(sampling, dict) else getattr(sampling, "custom_params", None)
-    extra_key = getattr(obj, "extra_key", None)
-    if isinstance(extra_key, str) and NAMESPACE_MARK in extra_key:
-        raise ValueError(f"extra_key may not contain {NAMESPACE_MARK!r}: it is reserved for RidgeFill's cache namespace")
+    for name in ("extra_key", "cache_salt"):
+        if _reserved(getattr(obj, name, None)):
+            raise ValueError(f"{name} may not contain {NAMESPACE_MARK!r}: it is reserved for RidgeFill's cache namespace")
     if not isinstance(custom, dict) or "ridgefill" not in custom:
         return None
     params = parse_request_params(custom)
     if params is None or params.wants_exact:
         return None
-    if not config_for(manager).enabled:  # not the environment: ridgefill_engine restores it after the start
+    config = config_for(manager)  # not the environment: ridgefill_engine restores it after the start
+    if not config.enabled:
         raise RequestParamError(
             'custom_params["ridgefill"] asks for RidgeFill, but this server runs with --prefill-backend default'
         )
+    check_request_bounds(params, config)
     if getattr(obj, "input_embeds", None) is not None or getattr(obj, "image_data", None) is not None:
         raise RequestParamError("RidgeFill does not support input_embeds or multimodal requests; omit custom_params.ridgefill")
     return None
@@ -78,39 +107,43 @@ def _register_attention_backend() -> None:
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
 
-    if "ridgefill_cpu" in ATTENTION_BACKENDS:
+    from .attention.backends import CPU_BACKEND
+
+    if CPU_BACKEND in ATTENTION_BACKENDS:
         return
 
-    @register_attention_backend("ridgefill_cpu")
+    @register_attention_backend(CPU_BACKEND)
     def create_ridgefill_cpu_backend(runner):
-        from .cpu.attention import RidgeFillCpuAttnBackend
+        from .attention.cpu import RidgeFillCpuAttnBackend
 
         return RidgeFillCpuAttnBackend(runner)
 
-    if "ridgefill_cpu" not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices(["ridgefill_cpu"])
-
-
-def _register_resolution_hook() -> None:
-    """Resolution step ``handle_cuda_graph_config``: when RidgeFill is on, the prefill CUDA graph is off
-    (it would capture the model forward, where RidgeFill branches per request in Python)."""
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    @register_resolution_hook("handle_cuda_graph_config")
-    def ridgefill_prefill_graph_off(server_args, previous):
-        previous(server_args)
-        if envs.ridgefill_enabled():
-            cfg = resolving_view(server_args)
-            declare_resolution(
-                server_args,
-                "ridgefill",
-                cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
-            )
+    if CPU_BACKEND not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([CPU_BACKEND])
 
 
 # ----------------------------------------------------------------------------- RidgeFill on
+def _wrap_gpu_backends() -> None:
+    """SGLang builds an attention backend by name from ``ATTENTION_BACKENDS``; RidgeFill wraps the Triton,
+    FlashInfer and fa3 factories so the backend they build becomes RidgeFill's subclass of it
+    (``attention/backends.py``), which plans row queries and otherwise behaves exactly like SGLang's. The
+    instance keeps SGLang's constructor and name-keyed logic; only its class changes."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from .attention.backends import GPU_BACKENDS, as_ridgefill
+
+    for name in GPU_BACKENDS:
+        factory = ATTENTION_BACKENDS.get(name)
+        if factory is None or getattr(factory, "_ridgefill", False):
+            continue
+
+        def create(runner, factory=factory, name=name):
+            return as_ridgefill(name, factory(runner))
+
+        create._ridgefill = True  # type: ignore[attr-defined]
+        ATTENTION_BACKENDS[name] = create
+
+
 def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``ModelRunner.load_model``: SGLang has built the model; RidgeFill builds its runtime (maps
     resident on the model's device, policies compiled) before SGLang sizes the KV pool around free memory."""
@@ -124,72 +157,123 @@ def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Non
     return None
 
 
-def _unsupported_request(recv_req: Any) -> str | None:
-    if getattr(recv_req, "input_embeds", None) is not None:
-        return "input_embeds"
-    if getattr(recv_req, "mm_inputs", None) is not None:
-        return "multimodal input"
-    if getattr(recv_req, "return_hidden_states", False):
-        return "return_hidden_states"
+def after_init_attention_backends(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``ModelRunner.init_attention_backends``: SGLang has built the attention backends; RidgeFill
+    asks them what they can do (``attention/contract.py``) and turns itself off, with one startup warning
+    naming the backend to pass, when the prefill backend cannot run row queries."""
+    from .runtime.factory import check_backends
+    from .runtime.runtime import get_runtime
+
+    rt = get_runtime()
+    if rt is not None and not getattr(runner, "is_draft_worker", False):
+        check_backends(rt, runner)
     return None
 
 
-def _prompt_logprob_start(recv_req: Any) -> int | None:
-    """The first prompt row whose logprob the request wants, or ``None`` when it wants none but the last."""
-    if not getattr(recv_req, "return_logprob", False):
-        return None
-    start = getattr(recv_req, "logprob_start_len", -1)
-    if start is None or start == -1 or start >= len(recv_req.input_ids) - 1:
-        return None
-    return int(start)
+def _request_facts(recv_req: Any):
+    from .runtime.admission import RequestFacts
+
+    unsupported = None
+    if getattr(recv_req, "input_embeds", None) is not None:
+        unsupported = "input_embeds"
+    elif getattr(recv_req, "mm_inputs", None) is not None:
+        unsupported = "multimodal input"
+    elif getattr(recv_req, "return_hidden_states", False):
+        unsupported = "return_hidden_states"
+    return RequestFacts(unsupported=unsupported)
 
 
 def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any):
-    """AROUND ``Scheduler._create_generation_req``: SGLang builds the ``Req``; RidgeFill plans the request
-    from its ``custom_params`` and the server policy, and keeps filled KV out of reach of exact requests:
-    by default the request never inserts into the radix cache (it still reuses exact cached prefixes); in
-    namespace mode its cache key gets a RidgeFill namespace, so only identical plans share filled KV. A
-    bad parameter aborts this request alone with a 400."""
+    """AROUND ``Scheduler._create_generation_req``: SGLang builds the ``Req`` (for a session request, from
+    the history and the new turn); RidgeFill plans it from its ``custom_params`` and the server's settings
+    and attaches the plan to the ``Req`` (``runtime/state.py``), so the state lives and dies with the
+    request. Filled KV stays out of reach of exact requests: the request never inserts into the radix
+    cache while its prefill runs; in namespace mode its cache key gets a RidgeFill namespace, so only
+    identical plans share filled KV. A bad parameter, or a cache key that names a RidgeFill namespace,
+    aborts this request alone with a 400."""
     from .request_params import RequestParamError
-    from .runtime.runtime import get_runtime
+    from .runtime.runtime import get_runtime, report
+    from .runtime.state import ATTR, RIDGEFILL_SKIP, RequestState, declined
 
     rt = get_runtime()
     if rt is None or getattr(recv_req, "input_ids", None) is None:
         return original(scheduler, recv_req, *args, **kwargs)
-    sampling = getattr(recv_req, "sampling_params", None)
-    custom = getattr(sampling, "custom_params", None)
-    error = plan = None
-    try:
-        plan = rt.plan_request(
-            recv_req.rid, custom, recv_req.input_ids, unsupported=_unsupported_request(recv_req),
-            logprob_start=_prompt_logprob_start(recv_req),
-        )
-    except RequestParamError as e:
-        error = str(e)
+    error = decision = None
+    extra_key = kwargs.get("extra_key", getattr(recv_req, "extra_key", None))
+    if _reserved(extra_key) or _reserved(kwargs.get("cache_salt", getattr(recv_req, "cache_salt", None))):
+        error = f"extra_key and cache_salt may not contain {NAMESPACE_MARK!r}: it is reserved for RidgeFill's cache namespace"
+    else:
+        try:
+            decision = rt.admit(getattr(getattr(recv_req, "sampling_params", None), "custom_params", None),
+                                _request_facts(recv_req))
+        except RequestParamError as e:
+            error = str(e)
+    plan = decision.plan if decision is not None else None
     if plan is not None and plan.cache_mode == "namespace":
-        kwargs["extra_key"] = (kwargs.get("extra_key") or "") + NAMESPACE_MARK + plan.namespace
+        mark = NAMESPACE_MARK + plan.namespace
+        kwargs["extra_key"] = (extra_key or "") + mark
+        # KV events hash the cache salt but not the extra key: routers must see the namespace too.
+        kwargs["cache_salt"] = (kwargs.get("cache_salt", getattr(recv_req, "cache_salt", None)) or "") + mark
     req = original(scheduler, recv_req, *args, **kwargs)
     if error is not None:
         req.set_finish_with_abort(f"RidgeFill: {error}")
         # The aborted request keeps one input token; SGLang's later logprob_start_len check would
         # replace this message with its own.
         recv_req.logprob_start_len = -1
-    elif plan is not None:
-        req.skip_radix_cache_insert = True
-        rt.admit(req.rid, plan, list(recv_req.input_ids))
+        return req
+    if plan is None:
+        report(req, declined(decision.reason))
+        return req
+    session = getattr(req, "session", None)
+    if getattr(session, "streaming", False):
+        # A streaming session keeps this request's KV row for the next turn, whatever that turn asks for.
+        report(req, declined("streaming sessions keep a turn's KV for the next turn; RidgeFill runs exact there"))
+        return req
+    st = RequestState(plan=plan, prior_skip=req.skip_radix_cache_insert)
+    req.skip_radix_cache_insert = RIDGEFILL_SKIP
+    setattr(req, ATTR, st)
     return req
+
+
+def around_init_new(original, cls: Any, batch: Any, *args: Any, **kwargs: Any):
+    """AROUND ``ForwardBatch.init_new(schedule_batch, runner)``: SGLang turns the batch of ``Req`` objects
+    into the ``ForwardBatch`` the model sees, which carries only rids; RidgeFill records which ``Req``
+    each rid is (``LIVE``), binding a new RidgeFill request to its final prompt (after session
+    concatenation and truncation), so the forward reads the state of exactly the request in the batch."""
+    from .runtime.state import LIVE
+
+    LIVE.publish(getattr(batch, "reqs", None) or ())
+    return original(cls, batch, *args, **kwargs)
+
+
+def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any):
+    """AROUND ``Req._compute_max_prefix_len``: SGLang caps how much of a prompt a radix-cache match may
+    cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary, so its tail rows
+    always run exactly, never read from another plan's filled prefix."""
+    limit = original(req, *args, **kwargs)
+    from .runtime.state import state_of
+
+    st = state_of(req)
+    if st is not None and not st.released and st.plan.cache_mode == "namespace" and st.start < 0:
+        limit = min(limit, max(0, len(req.origin_input_ids) - st.plan.tail))
+    return limit
 
 
 def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **kwargs: Any):
     """AROUND ``mem_cache.common.release_kv_cache``: SGLang inserts the finished request into the radix
-    cache and frees its row; RidgeFill forgets the request, and in namespace mode lets a request whose
-    prefill completed insert into its namespace (never a partial prefill)."""
-    from .runtime.runtime import get_runtime
+    cache and frees its row (also on abort and retraction); RidgeFill releases the request's state, and in
+    namespace mode lets a request whose prefill completed insert into its namespace (never a partial or
+    failed prefill, never a nofill request). Only the skip RidgeFill set is cleared: a skip SGLang set
+    since (e.g. KV that never landed) stays."""
+    from .runtime.state import LIVE, RIDGEFILL_SKIP, state_of
 
-    rt = get_runtime()
-    st = rt.release(req.rid) if rt is not None else None
-    if st is not None and st.plan.cache_mode == "namespace" and st.prefill_done and not st.exact:
-        req.skip_radix_cache_insert = False
+    st = state_of(req)
+    if st is not None:
+        insert = st.may_insert()
+        st.release()
+        LIVE.forget(req)
+        if req.skip_radix_cache_insert is RIDGEFILL_SKIP:
+            req.skip_radix_cache_insert = st.prior_skip if insert else True
     return original(req, tree_cache, *args, **kwargs)
 
 
@@ -200,9 +284,64 @@ def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
     from .runtime.runtime import get_runtime
 
     rt = get_runtime()
-    if rt is None or rt.adapter.lm is not lm:
+    if rt is None or rt.adapter is None or rt.adapter.lm is not lm:
         return original(lm, *args, **kwargs)
     return rt.forward(original, lm, *args, **kwargs)
+
+
+def around_prefill_graph(original, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> bool:
+    """AROUND ``PrefillCudaGraphRunner.can_run_graph``: SGLang replays a captured prefill when the batch
+    fits; RidgeFill's prefill branches per request in Python, so a batch that carries RidgeFill work runs
+    eagerly. Every other batch keeps the graph."""
+    from .runtime.state import LIVE
+
+    if LIVE.has_work(getattr(forward_batch, "rids", None)):
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
+
+
+def around_decode_graph(original, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> bool:
+    """AROUND ``DecodeCudaGraphRunner.can_run_graph``: a captured decode reads one key list per request for
+    every layer; a nofill request's decode skips the filled rows in its upper layers, so a batch holding
+    one runs eagerly."""
+    from .runtime.state import LIVE
+
+    if LIVE.has_hidden_keys(getattr(forward_batch, "rids", None)):
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
+
+
+def around_request_level_info(original, streamer: Any, key: str, *args: Any, **kwargs: Any) -> bool:
+    """AROUND ``SchedulerOutputStreamer.is_request_level_customized_info_key``: SGLang slices a request's
+    customized info per output token unless the key is request-level; ``meta_info["ridgefill"]`` is one
+    summary per request, sent once."""
+    from .runtime.runtime import META_KEY
+
+    return key == META_KEY or original(streamer, key, *args, **kwargs)
+
+
+def around_update_request_meta_info(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``TokenizerManager.update_request_meta_info``: SGLang accumulates customized info into lists;
+    RidgeFill's summary arrives once and is shown as the dict it is: ``meta_info["ridgefill"]``."""
+    from .runtime.runtime import META_KEY
+
+    result = original(manager, meta_info, *args, **kwargs)
+    value = meta_info.get(META_KEY)
+    if isinstance(value, list) and value:
+        meta_info[META_KEY] = value[-1]
+    return result
+
+
+def after_weight_update(result: Any, manager: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``SchedulerWeightUpdaterManager.update_weights_from_*``: SGLang loads new weights into the
+    running model; the maps were fitted to the old ones, so RidgeFill turns itself off (every response then
+    says so in ``meta_info["ridgefill"]``) until the server restarts with matching maps."""
+    from .runtime.runtime import get_runtime
+
+    rt = get_runtime()
+    if rt is not None:
+        rt.disable("the model's weights were updated after the maps were fitted; restart with matching maps")
+    return None
 
 
 # ----------------------------------------------------------------------------- registration
@@ -213,12 +352,21 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
     _register_attention_backend()
-    _register_resolution_hook()
     if not enabled:
         return ALWAYS_TARGETS
+    _wrap_gpu_backends()
     HookRegistry.register(LOAD_MODEL, after_load_model, HookType.AFTER)
+    HookRegistry.register(INIT_ATTENTION, after_init_attention_backends, HookType.AFTER)
     HookRegistry.register(CREATE_REQ, around_create_generation_req, HookType.AROUND)
+    HookRegistry.register(PUBLISH_BATCH, around_init_new, HookType.AROUND)
+    HookRegistry.register(MATCH_LIMIT, around_compute_max_prefix_len, HookType.AROUND)
     HookRegistry.register(RELEASE_KV, around_release_kv_cache, HookType.AROUND)
+    HookRegistry.register(PREFILL_GRAPH, around_prefill_graph, HookType.AROUND)
+    HookRegistry.register(DECODE_GRAPH, around_decode_graph, HookType.AROUND)
+    HookRegistry.register(REQUEST_LEVEL_INFO, around_request_level_info, HookType.AROUND)
+    HookRegistry.register(META_INFO, around_update_request_meta_info, HookType.AROUND)
+    for target in WEIGHT_UPDATES:
+        HookRegistry.register(target, after_weight_update, HookType.AFTER)
     for target in MODEL_FORWARDS:
         HookRegistry.register(target, around_model_forward, HookType.AROUND)
     return ALWAYS_TARGETS + ENABLED_TARGETS
@@ -226,6 +374,7 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
 
 def missing_hooks(targets: tuple[str, ...]) -> list[str]:
     """Targets whose hook is not in place (never applied, or replaced since)."""
+    import inspect
     import pkgutil
 
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -236,7 +385,8 @@ def missing_hooks(targets: tuple[str, ...]) -> list[str]:
             missing.append(target)
             continue
         owner, attr = target.rsplit(".", 1)
-        fn = getattr(pkgutil.resolve_name(owner), attr, None)
+        fn = inspect.getattr_static(pkgutil.resolve_name(owner), attr, None)
+        fn = getattr(fn, "__func__", fn)  # classmethod / staticmethod
         if getattr(fn, "__wrapped__", None) is None:
             missing.append(target)
     return missing

@@ -92,7 +92,11 @@ def runs_of(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def plan_virtual_requests(
-    positions: torch.Tensor, visible: torch.Tensor | None = None, *, group_size: int | None = None
+    positions: torch.Tensor,
+    visible: torch.Tensor | None = None,
+    *,
+    group_size: int | None = None,
+    runs_from: int | None = None,
 ) -> VirtualRequests:
     """Split the query rows at ``positions`` into virtual extend requests.
 
@@ -100,14 +104,21 @@ def plan_virtual_requests(
     ``seq_len > positions[-1]`` and every query position visible. Without ``group_size`` each maximal run of
     consecutive positions is one request. With ``group_size=G``, runs of at least ``G`` rows stay runs and the
     other rows are packed in sorted order into groups of up to ``G`` rows; a group closes where a long run
-    starts, and a group whose rows are consecutive positions is emitted as a run.
+    starts, and a group whose rows are consecutive positions is emitted as a run. With ``runs_from`` as
+    well, the rows at positions below it are packed into groups whatever their runs, and the rows from it on
+    (a RidgeFill tail) form runs: at most ``ceil(rows below / G)`` groups plus the runs from ``runs_from`` on.
     """
     positions = _checked_positions(positions, allow_empty=False)
     if group_size is not None and (type(group_size) is not int or group_size < 1):
         raise ValueError(f"group_size must be an int >= 1 or None, got {group_size!r}")
     visible_positions = _visible_positions(positions, visible)
     n = positions.numel()
-    first = _run_first_rows(positions) if group_size is None else _group_first_rows(positions, group_size)
+    if group_size is None:
+        first = _run_first_rows(positions)
+    elif runs_from is None:
+        first = _group_first_rows(positions, group_size)
+    else:
+        first = _split_first_rows(positions, group_size, runs_from)
     qo_indptr = torch.cat([first, first.new_tensor([n])])
     last = positions[qo_indptr[1:] - 1]
     is_group = last - positions[first] + 1 != torch.diff(qo_indptr)
@@ -361,6 +372,19 @@ def _group_first_rows(positions: torch.Tensor, group_size: int) -> torch.Tensor:
     segment_start = torch.cummax(torch.where(segment_first, row, 0), 0).values
     first = loose & ((row - segment_start) % group_size == 0)
     first[run_first[long_run]] = True
+    return torch.nonzero(first).flatten()
+
+
+def _split_first_rows(positions: torch.Tensor, group_size: int, runs_from: int) -> torch.Tensor:
+    """[R] int64 request starts: rows below ``runs_from`` (a prefix of the sorted rows) in groups of
+    ``group_size`` rows, every maximal run from ``runs_from`` on a request of its own."""
+    n = positions.numel()
+    row = torch.arange(n, dtype=_I64)
+    grouped = positions < runs_from
+    first = grouped & (row % group_size == 0)
+    starts_run = torch.ones(n, dtype=torch.bool)
+    starts_run[1:] = (positions[1:] != positions[:-1] + 1) | grouped[:-1]
+    first |= ~grouped & starts_run
     return torch.nonzero(first).flatten()
 
 

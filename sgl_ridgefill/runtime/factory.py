@@ -1,61 +1,64 @@
-"""Build the scheduler process's RidgeFill runtime once SGLang has loaded the model.
+"""Build the scheduler process's RidgeFill runtime once SGLang has loaded the model, and check it against
+the attention backends once SGLang has built them.
 
-Called from the ``ModelRunner.load_model`` hook (``patches.py``), before SGLang sizes the KV pool, so the
-maps' memory is taken first. Configurations RidgeFill does not support leave the runtime unset: every
-request then runs SGLang's own prefill, and one warning says why.
+``build_runtime`` runs from the ``ModelRunner.load_model`` hook (``patches.py``), before SGLang sizes the
+KV pool, so the maps' memory is taken first. A configuration RidgeFill cannot serve still gets a runtime,
+a *disabled* one: every request runs SGLang's own prefill, one startup warning says why, and every
+response says so in ``meta_info["ridgefill"]``. Bad settings (a maps folder for another model, a broken
+policy) stop the server instead.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from ..attention.backends import advice
+from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, capability
 from ..config import ServerConfig
 from .adapter import ModelAdapter, UnsupportedModelError
+from .admission import Admitter, ServerFacts
+from .prefill import SelectionResources
 from .runtime import RidgeFillRuntime
 
 logger = logging.getLogger("sgl_ridgefill")
 
-# Attention backends whose extend supports RidgeFill's row queries and visible-key masks.
-ROW_QUERY_BACKENDS = ("ridgefill_cpu",)
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
+# SGLang's chunked prefill turned off: the upper pass still runs in steps of this many rows.
+UNCHUNKED_ROWS = 8192
 
 
 def unsupported_reason(runner: Any) -> str | None:
-    """Why this scheduler process cannot run RidgeFill, or ``None``."""
+    """Why this scheduler process cannot run RidgeFill at all, or ``None``."""
     sa = getattr(runner, "server_args", None)
     if getattr(runner, "is_draft_worker", False):
         return "draft model of speculative decoding"
-    if sa is not None:
-        if getattr(sa, "speculative_algorithm", None):
-            return f"speculative decoding ({sa.speculative_algorithm}) is not supported"
-        if (getattr(sa, "pp_size", 1) or 1) > 1:
-            return "pipeline parallelism is not supported"
-        if (getattr(sa, "tp_size", 1) or 1) > 1:
-            return "tensor parallelism is not supported yet"
-        if getattr(sa, "enable_dp_attention", False):
-            return "DP attention is not supported"
-        if getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None):
-            return f"quantised KV cache ({sa.kv_cache_dtype}) is not supported"
-        backend = getattr(sa, "prefill_attention_backend", None) or getattr(sa, "attention_backend", None)
-        if backend not in ROW_QUERY_BACKENDS:
-            return (
-                f"attention backend {backend!r} cannot run exact rows over a filled cache; "
-                f"RidgeFill runs on {', '.join(ROW_QUERY_BACKENDS)} (on CPU: --attention-backend ridgefill_cpu)"
-            )
+    if sa is None:
+        return None
+    checks = (
+        (getattr(sa, "speculative_algorithm", None), f"speculative decoding ({getattr(sa, 'speculative_algorithm', '')}) is not supported"),
+        ((getattr(sa, "pp_size", 1) or 1) > 1, "pipeline parallelism is not supported"),
+        ((getattr(sa, "tp_size", 1) or 1) > 1, "tensor parallelism is not supported yet"),
+        (getattr(sa, "enable_dp_attention", False), "DP attention is not supported"),
+        (getattr(sa, "disaggregation_mode", "null") not in (None, "null"),
+         "prefill/decode disaggregation is not supported yet (filled KV would reach the decode worker)"),
+        (getattr(sa, "enable_lora", False) or getattr(sa, "lora_paths", None), "LoRA adapters are not supported"),
+        (getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None), f"quantised KV cache ({getattr(sa, 'kv_cache_dtype', '')}) is not supported"),
+        (getattr(sa, "enable_deterministic_inference", False), "deterministic inference is not supported"),
+    )
+    for failed, reason in checks:
+        if failed:
+            return reason
     return None
 
 
 def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[str, Any]]:
     """The server's policy (``--ridgefill-policy``) and every shipped policy, compiled for this model."""
-    try:
-        from ..policy import MapsInfo, ModelInfo, compile_policy, list_builtin_policies, load_policy, resolve_policy_path
-    except ImportError:  # the policy language is optional for the runtime's simple selections
-        if config.policy:
-            raise
-        return None, {}
+    from ..policy import MapsInfo, ModelInfo, compile_policy, list_builtin_policies, load_policy, resolve_policy_path
+
     maps_info = None
     if maps_folder is not None:
         maps_info = MapsInfo(splits=tuple(maps_folder.splits), default_split=maps_folder.default_split,
@@ -75,52 +78,94 @@ def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[
     return server_policy, policies
 
 
-def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
+def _disabled(config: ServerConfig, reason: str, num_layers: int = 0) -> RidgeFillRuntime:
+    logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", reason)
+    return RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=num_layers, disabled=reason)))
+
+
+def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
     reason = unsupported_reason(runner)
     if reason is not None:
-        logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", reason)
-        return None
+        return _disabled(config, reason)
     try:
         adapter = ModelAdapter(runner.model)
     except UnsupportedModelError as e:
-        logger.warning("RidgeFill is off (every request runs exact prefill): %s", e)
-        return None
-
+        return _disabled(config, str(e))
+    inner = adapter.model
     maps_folder = maps = token_counts = None
     if config.maps:
         from ..maps import load_maps, model_fingerprint
 
         maps_folder = load_maps(config.maps)
-        inner = adapter.model
         fingerprint = model_fingerprint(runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight)
         for warning in maps_folder.check_model(fingerprint):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
     server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
-    default_split = maps_folder.default_split if maps_folder is not None else None
     if maps_folder is not None:
         from .maps_store import MapsStore
 
-        model_dtype = inner.embed_tokens.weight.dtype
-        dtype = _DTYPES.get(config.map_dtype, model_dtype)
-        maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device)
+        dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
+        maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
+                         hidden_size=adapter.shape.hidden_size)
     token_table = _token_table(runner)
-    rt = RidgeFillRuntime(
-        config, adapter, maps=maps, maps_info=maps_folder, policy=server_policy, policies=policies,
-        token_counts=token_counts, token_table=token_table, default_split=default_split,
+    facts = ServerFacts(
+        num_layers=adapter.shape.num_layers,
+        maps_splits=tuple(maps.splits) if maps is not None else (),
+        maps_id=maps.maps_id if maps is not None else "",
+        default_split=maps_folder.default_split if maps_folder is not None else None,
+        has_tokenizer=token_table is not None,
+        has_token_counts=token_counts is not None,
     )
-    if server_policy is not None:
-        rt.check_policy_inputs(server_policy)  # a bad server policy stops the server here, with this message
+    admitter = Admitter(config, facts, policy=server_policy, policies=policies)
+    server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
+    if server_policy is not None and server_policy.has_selection() and server_split is not None:
+        admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
+    sa = getattr(runner, "server_args", None)
+    chunk = getattr(sa, "chunked_prefill_size", None)
+    rt = RidgeFillRuntime(
+        config, adapter, admitter, maps=maps,
+        resources=SelectionResources(tokens=token_table, token_counts=token_counts),
+        chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS,
+    )
     resident = maps.resident_bytes if maps is not None else 0
     logger.info(
-        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB policy=%s arm=%s split=%s tail=%s cache=%s",
-        type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(maps.splits) if maps else [],
-        resident / 2**20, server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
-        config.split or (server_policy.split if server_policy is not None else default_split),
+        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB policy=%s arm=%s split=%s tail=%s "
+        "cache=%s diagnostics=%s",
+        type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
+        server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
+        config.split or (server_policy.split if server_policy is not None else facts.default_split),
         config.tail or (server_policy.tail if server_policy is not None else "1024"),
         config.cache_mode or (server_policy.cache_mode if server_policy is not None else "no_insert"),
+        "on" if config.diagnostics else "off",
     )
     return rt
+
+
+def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
+    """Ask the attention backends SGLang built what they can do; turn RidgeFill off (one warning naming
+    the backend to pass) when the prefill backend cannot run row queries."""
+    backend = getattr(runner, "attn_backend", None)
+    translator = getattr(runner, "kv_index_translator", None)
+    if rt.disabled is not None:
+        return
+    if not capability(backend, ROW_QUERIES):
+        name = type(getattr(backend, "prefill_backend", backend)).__name__
+        rt.disable(f"the attention backend ({name}) cannot run exact rows over a filled cache; {advice()}")
+    elif getattr(translator, "is_translating", False):
+        rt.disable("KV index translation (unified Mamba/SWA pools) is not supported")
+    else:
+        decode = getattr(runner, "decode_attn_backend", None) or backend
+        refusal = None
+        if not capability(decode, HIDDEN_KEYS):
+            refusal = f"the decode attention backend ({type(decode).__name__}) cannot hide filled rows"
+        elif getattr(getattr(runner, "server_args", None), "enable_mixed_chunk", False) and not capability(
+            backend, HIDDEN_KEYS_IN_EXTEND
+        ):
+            refusal = "with --enable-mixed-chunk its decode rows run inside prefill batches, which cannot hide them"
+        rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal)
+    if rt.disabled is not None:
+        logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", rt.disabled)
 
 
 def _token_table(runner: Any):

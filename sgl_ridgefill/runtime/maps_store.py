@@ -1,7 +1,9 @@
 """The ridge maps, resident in the model's device memory, one stack per split.
 
 Loaded once per scheduler process while the model loads, before SGLang sizes the KV pool, so the pool is
-sized around them; ``resident_bytes`` is what they cost.
+sized around them; ``resident_bytes`` is what they cost. With ``--ridgefill-map-dtype int8`` the maps
+stay in their group-wise int8 layout (the map kernel dequantises inside the product), which halves their
+memory against bf16; other dtypes hold dequantised maps.
 """
 
 from __future__ import annotations
@@ -10,33 +12,60 @@ import logging
 
 import torch
 
-from ..kernels.map_apply import apply_map
+from ..kernels.map_apply import apply_map, apply_map_int8
+from ..maps import MapsError
 
 logger = logging.getLogger(__name__)
 
 
 class MapsStore:
-    """``A``: ``[n_upper, d_out, d_in]``, ``b``: ``[n_upper, d_out]`` per split, in the compute dtype."""
+    """Per split: ``A`` ``[n_upper, d_out, d_in]`` and ``b`` ``[n_upper, d_out]`` in the compute dtype, or
+    with ``dtype=torch.int8`` the quantised ``q``, its float32 scales and a float32 ``b``."""
 
-    def __init__(self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str, hidden_size: int):
+        if (folder.d_in, folder.d_out) != (hidden_size, hidden_size):
+            raise MapsError(
+                f"maps folder {folder.path} maps {folder.d_in} -> {folder.d_out} features, but the served model's "
+                f"hidden size is {hidden_size}: the maps were fitted for another model"
+            )
         self.folder = folder
         self.dtype = dtype
-        self._maps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._maps: dict[int, tuple] = {}
         for split in splits:
-            a, b = folder.load_split(split, dtype=dtype, device=device)
-            self._maps[split] = (a.contiguous(), b.to(dtype).contiguous())
+            if dtype == torch.int8:
+                packed = folder.load_split_int8(split)
+                if packed is None:
+                    raise MapsError(
+                        f"--ridgefill-map-dtype int8: split {split} of maps folder {folder.path} is stored in bf16, "
+                        "not int8 (fit it with `sgl-ridgefill calibrate --quant int8`, or choose another map dtype)"
+                    )
+                q, scale, b, group_size = packed
+                self._maps[split] = (q.to(device).contiguous(), scale.to(device).contiguous(), b.to(device), group_size)
+            else:
+                a, b = folder.load_split(split, dtype=dtype, device=device)
+                self._maps[split] = (a.contiguous(), b.to(dtype).contiguous())
 
     @property
     def splits(self) -> tuple[int, ...]:
         return tuple(sorted(self._maps))
 
     @property
+    def maps_id(self) -> str:
+        """What identifies these maps in cache namespaces: the manifest's id, else its file checksums."""
+        manifest = getattr(self.folder, "manifest", {}) or {}
+        return str(manifest.get("id") or manifest.get("files") or self.folder.path)
+
+    @property
     def resident_bytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self._maps.values())
+        return sum(t.numel() * t.element_size() for parts in self._maps.values() for t in parts if torch.is_tensor(t))
 
     def predict(self, split: int, layer_id: int, x_split: torch.Tensor) -> torch.Tensor:
         """``x̂_l = A_l x_S + b_l``; ``x_split``: ``[rows, d_in]`` -> ``[rows, d_out]`` in ``x_split``'s dtype."""
-        a, b = self._maps[split]
+        parts = self._maps[split]
         j = layer_id - split
-        # Triton kernel on CUDA, the PyTorch reference (float32 accumulation) elsewhere.
+        # Triton kernels on CUDA, the PyTorch references (float32 accumulation) elsewhere.
+        if self.dtype == torch.int8:
+            q, scale, b, group_size = parts
+            return apply_map_int8(x_split, q[j], scale[j], b[j].to(x_split.dtype), group_size)
+        a, b = parts
         return apply_map(x_split, a[j], b[j])

@@ -1,24 +1,31 @@
 """The passes one RidgeFill chunk is made of, over sub-batches (``subbatch.py``) of SGLang's batch.
 
-- ``lower_pass``: layers ``0..S-1`` exactly for a contiguous run of rows; returns ``x_S``.
+- ``lower_pass``: layers ``0..S-1`` exactly for the chunk's rows of one request; returns ``x_S``.
 - ``fill_pass``: for every upper layer, K and V from the map's prediction, written into the KV pool; no
   query, attention output or MLP runs.
-- ``upper_pass``: layers ``S..L-1`` exactly for chosen rows (exact rows and the tail) over the request's
-  cache, layer by layer, so per-layer corrections (value rescale) see every row's exact input.
+- ``upper_pass``: layers ``S..L-1`` exactly for chosen rows of one request (exact rows and the tail, the
+  probe rows, or the splice rows) over its cache, layer by layer, so per-layer corrections (value rescale)
+  see every row's exact input. Its rows run in chunks of at most ``PassContext.chunk_rows`` rows (SGLang's
+  chunked-prefill budget): within each layer chunk after chunk in position order, so every row reads the
+  K/V that earlier chunks wrote at that layer and the result is the same whatever the chunk size.
+
+Every pass gets what it needs in a :class:`PassContext`; nothing calls back into the runtime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-from sglang.srt.model_executor.forward_context import get_attn_backend
 
-from .attention_scope import AttentionScope, attention_scope
+from ..attention.contract import GROUPS, RowQueries, capability, row_queries
+from ..attention.planner import VirtualRequests, plan_virtual_requests
+from .kv import write_kv
+from .subbatch import virtual_subbatch
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -26,26 +33,68 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
     from .maps_store import MapsStore
 
-# (layer id, first row, last row + 1, sink) : capture the queries of rows [lo, hi) of a pass at a layer.
+# (layer id, first row, last row + 1, sink): capture the queries of rows [lo, hi) of a pass at a layer.
 QueryCapture = tuple[int, int, int, list]
+LayerCallback = Callable[[int, torch.Tensor], None]
 
 
-def lower_pass(ad: ModelAdapter, sub: ForwardBatch, split: int, captures: list[QueryCapture] = ()) -> torch.Tensor:
-    """Layers ``0..split-1`` for the rows of ``sub``; returns ``x_S``: ``[rows, hidden]``."""
+@dataclass(frozen=True)
+class PassContext:
+    """What the passes of one forward need.
+
+    ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per virtual request of the
+    grouped mode (``None``: one virtual request per run of consecutive rows); ``max_virtual``: most virtual
+    requests per step on a backend without groups (bounds its per-step metadata).
+    """
+
+    adapter: ModelAdapter
+    maps: MapsStore | None
+    backend: Any
+    pool: Any
+    req_to_token: torch.Tensor
+    physical: bool
+    chunk_rows: int
+    group_size: int | None = None
+    max_virtual: int = 256
+
+    @property
+    def grouped(self) -> bool:
+        return self.group_size is not None and capability(self.backend, GROUPS)
+
+
+def _register_captures(ad: ModelAdapter, captures: Sequence[QueryCapture], offset: list[int]) -> list:
+    """Forward pre-hooks on the attention modules that copy the queries of the captured rows; ``offset``
+    holds the pass row of the current step's first row."""
     handles = []
     for layer_id, lo, hi, sink in captures:
 
         def grab(module, args, kwargs, lo=lo, hi=hi, sink=sink):
             q = args[0] if args else kwargs["q"]
-            sink.append(q[lo:hi].detach().clone())
+            a, b = max(lo - offset[0], 0), min(hi - offset[0], q.shape[0])
+            if a < b:
+                sink.append(q[a:b].detach().clone())
 
         handles.append(ad.layers[layer_id].self_attn.attn.register_forward_pre_hook(grab, with_kwargs=True))
-    get_attn_backend().init_forward_metadata(sub)
+    return handles
+
+
+def lower_pass(ctx: PassContext, fb: ForwardBatch, i: int, rows: slice, split: int, captures: Sequence[QueryCapture] = ()) -> torch.Tensor:
+    """Layers ``0..split-1`` for the batch rows ``rows`` of request ``i`` (its chunk, an ordinary extend
+    over its cached prefix); returns ``x_S``: ``[rows, hidden]``."""
+    ad = ctx.adapter
+    n = rows.stop - rows.start
+    p0 = int(fb.extend_prefix_lens_cpu[i])
+    sub = virtual_subbatch(
+        fb, i, lens=[n], seq_lens=[p0 + n], input_ids=fb.input_ids[rows], positions=fb.positions[rows],
+        out_cache_loc=fb.out_cache_loc[rows],
+    )
+    handles = _register_captures(ad, captures, [0])
+    ctx.backend.init_forward_metadata(sub)
     try:
         hs = ad.embed(sub.input_ids)
         residual_batch.start(sub)
-        for i in range(split):
-            hs = ad.layers[i](sub.positions, hs, sub)
+        for layer_id in range(split):
+            hs = ad.layers[layer_id](sub.positions, hs, sub)
         return residual_batch.fold(hs, sub)
     finally:
         residual_batch.clear(sub)
@@ -53,68 +102,116 @@ def lower_pass(ad: ModelAdapter, sub: ForwardBatch, split: int, captures: list[Q
             h.remove()
 
 
-def fill_pass(
-    ad: ModelAdapter,
-    maps: MapsStore | None,
-    split: int,
-    x_split: torch.Tensor,
-    positions: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    physical: bool,
-) -> None:
+def fill_pass(ctx: PassContext, maps: MapsStore | None, split: int, x_split: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
     """Write every upper layer's K/V for filled rows. ``maps=None`` is the identity fill (``x̂_l = x_S``).
 
     ``x_split``: ``[rows, hidden]``; ``positions``, ``slots``: ``[rows]``.
     """
-    pool = get_attn_backend().token_to_kv_pool
-    loc = KVWriteLoc(slots, None, physical=physical)
+    ad = ctx.adapter
     for layer_id in range(split, ad.shape.num_layers):
         x_hat = x_split if maps is None else maps.predict(split, layer_id, x_split)
         k, v = ad.key_value(layer_id, positions, x_hat)
-        pool.set_kv_buffer(ad.layers[layer_id].self_attn.attn, loc, k, v)
+        write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
 
 
-LayerCallback = Callable[[int, torch.Tensor], None]
+@dataclass
+class _Step:
+    rows: slice  # rows of the pass
+    plan: VirtualRequests
+    sub: Any  # ForwardBatch
+    scope: RowQueries
+
+
+def _steps(
+    ctx: PassContext, fb: ForwardBatch, i: int, positions: torch.Tensor, prompt_ids: torch.Tensor,
+    slots: torch.Tensor, visible: torch.Tensor | None, runs_from: int | None,
+) -> list[_Step]:
+    """The pass's rows in steps of at most ``chunk_rows`` rows (and ``max_virtual`` virtual requests on a
+    backend without groups), each planned as virtual requests: with groups, the rows below ``runs_from``
+    (exact rows) in groups of ``group_size``, the rest (the tail) as runs."""
+    device = fb.input_ids.device
+    visible_cpu = None if visible is None else visible.cpu()
+    group_size = ctx.group_size if ctx.grouped else None
+    steps: list[_Step] = []
+    n = int(positions.numel())
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + max(1, ctx.chunk_rows))
+        plan = plan_virtual_requests(positions[lo:hi], visible_cpu, group_size=group_size, runs_from=runs_from)
+        if group_size is None and plan.num_requests > ctx.max_virtual:
+            hi = lo + int(plan.qo_indptr[ctx.max_virtual])
+            plan = plan_virtual_requests(positions[lo:hi], visible_cpu)
+        pos = positions[lo:hi]
+        pos_d = pos.to(device)
+        lens = torch.diff(plan.qo_indptr).tolist()
+        sub = virtual_subbatch(
+            fb, i, lens=lens, seq_lens=plan.seq_lens.tolist(), input_ids=prompt_ids[pos].to(device),
+            positions=pos_d.to(fb.positions.dtype), out_cache_loc=slots[pos_d].to(fb.out_cache_loc.dtype),
+        )
+        steps.append(_Step(slice(lo, hi), plan, sub, RowQueries(plan, slots, visible)))
+        lo = hi
+    return steps
 
 
 def upper_pass(
-    ad: ModelAdapter,
-    sub: ForwardBatch,
+    ctx: PassContext,
+    fb: ForwardBatch,
+    i: int,
     split: int,
+    positions: torch.Tensor,
+    prompt_ids: torch.Tensor,
     x_split: torch.Tensor,
     *,
-    visible_keys: torch.Tensor | None = None,
+    seq_len: int,
+    visible: torch.Tensor | None = None,
+    runs_from: int | None = None,
     before_layer: LayerCallback | None = None,
-    captures: list[QueryCapture] = (),
+    captures: Sequence[QueryCapture] = (),
     final_norm: bool = True,
-) -> torch.Tensor:
-    """Layers ``split..L-1`` for the rows of ``sub`` starting from their split states ``x_split``.
+) -> tuple[torch.Tensor, dict]:
+    """Layers ``split..L-1`` for the rows of request ``i`` at ``positions`` starting from ``x_split``.
 
+    ``positions``: ``[rows]`` int64 CPU, ascending; ``prompt_ids``: ``[N]`` int64 CPU (the request's prompt);
+    ``x_split``: ``[rows, hidden]``; ``visible``: ``[seq_len]`` bool on the device, or ``None``;
+    ``runs_from``: the first tail position (rows below it are grouped on a backend with groups).
     ``before_layer(layer_id, x_l)`` sees every row's exact layer input (``[rows, hidden]``) before the layer
-    runs. Returns the final-normed hidden states ``[rows, hidden]`` (or the last residual stream).
+    runs. Returns the final-normed hidden states ``[rows, hidden]`` (or the last residual stream) and the
+    pass's shape (``steps``, ``virtual_requests``, ``groups``).
     """
-    handles = []
-    for layer_id, lo, hi, sink in captures:
-
-        def grab(module, args, kwargs, lo=lo, hi=hi, sink=sink):
-            q = args[0] if args else kwargs["q"]
-            sink.append(q[lo:hi].detach().clone())
-
-        handles.append(ad.layers[layer_id].self_attn.attn.register_forward_pre_hook(grab, with_kwargs=True))
-    get_attn_backend().init_forward_metadata(sub)
+    ad = ctx.adapter
+    req_row = fb.req_pool_indices[i]
+    slots = ctx.req_to_token[req_row, :seq_len]
+    steps = _steps(ctx, fb, i, positions, prompt_ids, slots, visible, runs_from)
+    shape = {
+        "steps": len(steps),
+        "virtual_requests": sum(s.plan.num_requests for s in steps),
+        "groups": sum(int(s.plan.is_group.sum()) for s in steps),
+    }
+    offset = [0]
+    handles = _register_captures(ad, captures, offset)
+    replan = len(steps) > 1
     try:
-        with attention_scope(AttentionScope(visible_keys=visible_keys)):
-            hs = residual_batch.set_written(x_split, sub)
-            for layer_id in range(split, ad.shape.num_layers):
-                if before_layer is not None:
-                    hs = residual_batch.fold(hs, sub)
-                    before_layer(layer_id, hs)
-                hs = ad.layers[layer_id](sub.positions, hs, sub)
-            if final_norm:
-                return residual_batch.final_norm(hs, sub, ad.model.norm)
-            return residual_batch.fold(hs, sub)
+        hs = [residual_batch.set_written(x_split[s.rows], s.sub) for s in steps]
+        if not replan:
+            with row_queries(steps[0].scope):
+                ctx.backend.init_forward_metadata(steps[0].sub)
+        for layer_id in range(split, ad.shape.num_layers):
+            if before_layer is not None:
+                hs = [residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]
+                before_layer(layer_id, torch.cat(hs))
+            for j, s in enumerate(steps):
+                offset[0] = s.rows.start
+                with row_queries(s.scope):
+                    if replan:
+                        ctx.backend.init_forward_metadata(s.sub)
+                    hs[j] = ad.layers[layer_id](s.sub.positions, hs[j], s.sub)
+        if final_norm:
+            out = [residual_batch.final_norm(h, s.sub, ad.model.norm) for h, s in zip(hs, steps)]
+        else:
+            out = [residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]
+        return torch.cat(out), shape
     finally:
-        residual_batch.clear(sub)
+        for s in steps:
+            residual_batch.clear(s.sub)
         for h in handles:
             h.remove()

@@ -10,45 +10,91 @@ whatever the chunk size, because the upper layers of the tail only ever run afte
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import attention_scope, passes, selection
-from .subbatch import rows_subbatch
+from . import passes, selection
+from .corrections import value_rescaler
+from .kv import read_kv, write_kv
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-    from .plan import RequestState
-    from .runtime import RidgeFillRuntime
+    from .passes import PassContext
+    from .state import RequestState
 
 logger = logging.getLogger(__name__)
 
 
-def _captures_for(rt: RidgeFillRuntime, st: RequestState, p0: int, n: int, split: int, upper: bool) -> list:
-    """Query captures for the statistics requirements whose windows overlap rows ``[p0, p0+n)``."""
+@dataclass(frozen=True)
+class SelectionResources:
+    """Server-wide inputs of the token selectors: the vocabulary table and calibration token counts."""
+
+    tokens: Any = None
+    token_counts: torch.Tensor | None = None
+
+
+def _requirements(st: RequestState) -> tuple:
+    if st.plan.policy is None or st.plan.exact_every is not None:
+        return ()
+    return tuple(st.plan.policy.requirements)
+
+
+def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
+    """Lower-layer query captures for the attention requirements whose windows overlap rows ``[p0, p0+n)``
+    (row indices relative to the chunk)."""
     from ..selectors.base import AttentionRequirement
 
     out = []
-    for req in rt.requirements(st.plan):
+    for req in _requirements(st):
         if not isinstance(req, AttentionRequirement):
             continue
-        lo, hi = selection.query_window(req.query, req.q, st.num_tokens, st.boundary)
+        lo, hi = selection.query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
         a, b = max(lo, p0), min(hi, p0 + n)
         if a >= b:
             continue
         for layer_id in req.layers:
-            if (layer_id >= split) == upper:
-                sink = st.queries.setdefault((req, layer_id), [])
-                out.append((layer_id, a - p0, b - p0, sink))
+            if layer_id < split:
+                out.append((layer_id, a - p0, b - p0, st.queries.setdefault((req, layer_id), [])))
     return out
 
 
-def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: RequestState, hidden: torch.Tensor) -> None:
+def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: int, dtype: torch.dtype) -> None:
+    """First chunk of a request: check that the batch runs the prompt the state is bound to, note the
+    radix-cache hit, decide whether anything is left to fill, and allocate the second sweep's buffers."""
+    p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
+    st.start = p0
+    big_n = st.num_tokens
+    ids = fb.input_ids[rows].cpu().long()
+    if p0 + n > big_n or not torch.equal(ids, st.prompt_ids[p0 : p0 + n]):
+        logger.error("request %s: the batch does not run the prompt it was planned for; running it exactly", fb.rids[i])
+        st.run_exact("the scheduler ran another prompt than the one planned")
+        return
+    if st.boundary <= p0:
+        st.run_exact("the radix cache already holds the whole prefix")
+        return
+    if st.logprob_start is not None and p0 + n < big_n:
+        # SGLang computes a chunk's prompt logprobs with that chunk, before the tail's upper layers run.
+        st.run_exact("prompt logprobs under RidgeFill need the prompt in one chunk")
+        return
+    device = fb.input_ids.device
+    st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
+    if st.plan.has_selection or st.plan.splice is not None:
+        # The new prefix rows' split states wait for the selection at the last chunk. On a GPU they wait in
+        # host memory: they are the size of one layer's activations for the whole prompt, outside SGLang's
+        # memory accounting.
+        where = "cpu" if device.type == "cuda" else device
+        st.prefix_x = torch.empty((st.boundary - p0, hidden_size), dtype=dtype, device=where,
+                                  pin_memory=device.type == "cuda")
+
+
+def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, row0: int, st: RequestState,
+              hidden: torch.Tensor) -> None:
     """Process request ``i`` of ``fb`` (its rows start at ``row0`` in the batch); write the hidden state of
-    its last row into ``hidden`` when this chunk completes the prompt."""
-    ad, plan = rt.adapter, st.plan
+    its tail rows into ``hidden`` when this chunk completes the prompt."""
+    ad, plan = ctx.adapter, st.plan
     split, num_layers = plan.split, ad.shape.num_layers
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     big_n, boundary = st.num_tokens, st.boundary
@@ -56,99 +102,86 @@ def run_chunk(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, row0: int, st: Req
     positions, slots = fb.positions[rows], fb.out_cache_loc[rows]
 
     # Sweep 1: lower layers for every row of the chunk.
-    sub = rows_subbatch(fb, i, input_ids=fb.input_ids[rows], positions=positions, out_cache_loc=slots, seq_len=p0 + n)
-    x_split = passes.lower_pass(ad, sub, split, _captures_for(rt, st, p0, n, split, upper=False))
-
+    x_split = passes.lower_pass(ctx, fb, i, rows, split, _captures_for(st, p0, n, split))
     n_prefix = min(max(boundary - p0, 0), n)
     if n_prefix and plan.arm != "nofill":
-        maps = rt.maps if plan.arm == "ridgefill" else None
-        passes.fill_pass(
-            ad, maps, split, x_split[:n_prefix], positions[:n_prefix], slots[:n_prefix],
-            physical=fb.out_cache_loc_is_physical,
-        )
+        maps = ctx.maps if plan.arm == "ridgefill" else None
+        passes.fill_pass(ctx, maps, split, x_split[:n_prefix], positions[:n_prefix], slots[:n_prefix])
     if n_prefix and st.prefix_x is not None:
-        st.prefix_x[p0 - st.start : p0 - st.start + n_prefix] = x_split[:n_prefix]
+        st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
     if n_prefix < n:
         st.tail_x[p0 + n_prefix - boundary : p0 + n - boundary] = x_split[n_prefix:]
-
     if p0 + n < big_n:
         return
-    # Sweep 2: the selection, then exact rows and tail through the upper layers.
-    req_row = fb.req_pool_indices[i]
-    req_to_token = rt.req_to_token()
-    device = fb.input_ids.device
-    from ..selectors.base import ProbeRequirement
 
+    # Sweep 2: the selection, then exact rows and tail through the upper layers.
+    device = fb.input_ids.device
+    req_slots = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
     if plan.splice is not None:
-        splice_prefix(rt, fb, i, st)
-    probes = {
-        req: run_probe(rt, fb, i, st, req.rows) for req in rt.requirements(plan) if isinstance(req, ProbeRequirement)
-    }
-    exact = rt.select_rows(fb, i, st, probes)
+        splice_prefix(ctx, fb, i, st)
+    probes = {req: run_probe(ctx, fb, i, st, req.rows) for req in _requirements(st) if _is_probe(req)}
+    statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
+    exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])
-    all_pos_d = all_pos.to(device)
-    x_rows = torch.cat([st.prefix_x[exact - st.start], st.tail_x]) if exact.numel() else st.tail_x
-    upper_sub = rows_subbatch(
-        fb, i,
-        input_ids=st.prompt_ids[all_pos].to(device),
-        positions=all_pos_d.to(fb.positions.dtype),
-        out_cache_loc=req_to_token[req_row, all_pos_d].to(fb.out_cache_loc.dtype),
-        seq_len=big_n,
-    )
+    x_rows = st.tail_x
+    if exact.numel():
+        x_rows = torch.cat([st.prefix_x[exact - st.start].to(device, non_blocking=True), st.tail_x])
     visible = None
     if plan.arm == "nofill":
         visible = torch.zeros(big_n, dtype=torch.bool, device=device)
         visible[: st.start] = True
-        visible[all_pos_d] = True
+        visible[all_pos.to(device)] = True
     before_layer = None
     if plan.value_rescale:
-        before_layer = rt.value_rescaler(st, exact, x_rows, n_exact=int(exact.numel()), req_row=req_row)
-    out = passes.upper_pass(ad, upper_sub, split, x_rows, visible_keys=visible, before_layer=before_layer)
+        before_layer = value_rescaler(ctx, st, exact, x_rows, slots=req_slots)
+    out, shape = passes.upper_pass(
+        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, seq_len=big_n, visible=visible, runs_from=boundary,
+        before_layer=before_layer,
+    )
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
     first = max(boundary, p0)
     hidden[row0 + first - p0 : row0 + n] = out[int(exact.numel()) + first - boundary :]
+    n_exact = int(exact.numel())
     n_new_prefix = max(boundary - st.start, 0)
     st.stats.update(
-        prompt=big_n, cached=st.start, filled=n_new_prefix - int(exact.numel()) if plan.arm != "nofill" else 0,
-        exact=int(exact.numel()), tail=big_n - boundary,
-        saved_fraction=(1 - split / num_layers) * (n_new_prefix - int(exact.numel())) / max(big_n - st.start, 1),
+        prompt=big_n, cached=st.start, filled=n_new_prefix - n_exact if plan.arm != "nofill" else 0,
+        exact=n_exact, tail=big_n - boundary, virtual_requests=shape["virtual_requests"], groups=shape["groups"],
+        upper_steps=shape["steps"],
+        saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
     if plan.arm == "nofill":
-        hidden_keys = ~visible[:boundary].cpu()
-        attention_scope.hide_rows(fb.rids[i], split, hidden_keys)
+        st.hidden_keys = ~visible[:boundary].cpu()
     st.prefill_done = True
-    st.tail_x = st.prefix_x = None
-    st.queries.clear()
+    st.free_buffers()
 
 
-def splice_prefix(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState) -> None:
+def _is_probe(req) -> bool:
+    from ..selectors.base import ProbeRequirement
+
+    return isinstance(req, ProbeRequirement)
+
+
+def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) -> None:
     """Diagnostic for the splice tests (``plan.splice``): the new prefix rows run the exact upper layers
     (writing exact K/V), then every filled row's K/V is rewritten from the fill with exact keys
     (``keys``), exact values (``values``), both (``both``), or the filled keys rescaled to the exact keys'
     per-head norms (``key_norm``). Costs a full exact prefill of the prefix; normal requests never get here."""
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-    ad, plan = rt.adapter, st.plan
+    ad, plan = ctx.adapter, st.plan
     split, device = plan.split, fb.input_ids.device
     pos = torch.arange(st.start, st.boundary, dtype=torch.long)
     if not pos.numel():
         return
+    prefix_x = st.prefix_x.to(device)
+    passes.upper_pass(ctx, fb, i, split, pos, st.prompt_ids, prefix_x, seq_len=st.num_tokens, final_norm=False)
     pos_d = pos.to(device)
-    slots = rt.req_to_token()[fb.req_pool_indices[i], pos_d].to(fb.out_cache_loc.dtype)
-    sub = rows_subbatch(
-        fb, i, input_ids=st.prompt_ids[pos].to(device), positions=pos_d.to(fb.positions.dtype),
-        out_cache_loc=slots, seq_len=st.num_tokens,
-    )
-    passes.upper_pass(ad, sub, split, st.prefix_x, final_norm=False)
-    pool = rt.attn_backend().token_to_kv_pool
-    loc = KVWriteLoc(slots, None, physical=fb.out_cache_loc_is_physical)
-    maps = rt.maps if plan.arm == "ridgefill" else None
+    slots = ctx.req_to_token[fb.req_pool_indices[i], pos_d]
+    maps = ctx.maps if plan.arm == "ridgefill" else None
     for layer_id in range(split, ad.shape.num_layers):
-        x_hat = st.prefix_x if maps is None else maps.predict(split, layer_id, st.prefix_x)
+        x_hat = prefix_x if maps is None else maps.predict(split, layer_id, prefix_x)
         k, v = ad.key_value(layer_id, pos_d.to(fb.positions.dtype), x_hat)
-        k_exact = pool.get_key_buffer(layer_id)[slots].to(k.dtype)
-        v_exact = pool.get_value_buffer(layer_id)[slots].to(v.dtype)
+        k_exact, v_exact = read_kv(ctx.pool, layer_id, slots)
+        k_exact, v_exact = k_exact.to(k.dtype), v_exact.to(v.dtype)
         if plan.splice in ("keys", "both"):
             k = k_exact
         if plan.splice in ("values", "both"):
@@ -156,15 +189,15 @@ def splice_prefix(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestSta
         if plan.splice == "key_norm":
             scale = k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
             k = k * scale.to(k.dtype)
-        pool.set_kv_buffer(ad.layers[layer_id].self_attn.attn, loc, k.contiguous(), v.contiguous())
+        write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
 
 
-def run_probe(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
+def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
     """The probe (SPEC.md): the last ``rows`` prompt rows run the exact upper layers over the filled cache,
     before the rest of the tail exists there; returns the attention every prefix row receives from them,
     summed over heads, probe rows and upper layers: ``[B]`` float32. The probe rows' upper-layer K/V are
     rewritten when the tail runs."""
-    ad, plan = rt.adapter, st.plan
+    ad, plan = ctx.adapter, st.plan
     big_n, boundary, split = st.num_tokens, st.boundary, plan.split
     r = min(rows, big_n - boundary)
     device = fb.input_ids.device
@@ -173,22 +206,20 @@ def run_probe(rt: RidgeFillRuntime, fb: ForwardBatch, i: int, st: RequestState, 
     visible[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
     if plan.arm == "nofill":
         visible[st.start : boundary] = False
-    pos_d = pos.to(device)
-    slots_all = rt.req_to_token()[fb.req_pool_indices[i], :big_n]
-    sub = rows_subbatch(
-        fb, i, input_ids=st.prompt_ids[pos].to(device), positions=pos_d.to(fb.positions.dtype),
-        out_cache_loc=slots_all[pos_d].to(fb.out_cache_loc.dtype), seq_len=big_n,
-    )
     sinks = {layer_id: [] for layer_id in range(split, ad.shape.num_layers)}
     captures = [(layer_id, 0, r, sink) for layer_id, sink in sinks.items()]
-    passes.upper_pass(ad, sub, split, st.tail_x[-r:], visible_keys=visible, captures=captures, final_norm=False)
+    passes.upper_pass(
+        ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible, captures=captures,
+        final_norm=False,
+    )
     key_pos = torch.nonzero(visible).flatten()
-    pool = rt.attn_backend().token_to_kv_pool
+    slots_all = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
     total = torch.zeros(boundary, dtype=torch.float32)
     in_prefix = key_pos < boundary
+    pos_d = pos.to(device)
     for layer_id, sink in sinks.items():
         q = torch.cat(sink).reshape(r, -1, ad.shape.head_dim).float()
-        k = pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
+        k = ctx.pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
         scale = ad.layers[layer_id].self_attn.attn.scaling
         received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos)
         total[key_pos[in_prefix].cpu()] += received[in_prefix].cpu()

@@ -2,27 +2,32 @@
 
 The selectors themselves are engine-free (``sgl_ridgefill.selectors``); this module gathers what they
 need from the request's cache: the queries captured in the lower layers and the keys in the KV pool, turned
-into "attention received per prefix row" without materialising the attention matrix.
+into "attention received per prefix row" without materialising the attention matrix. Rows below the
+request's radix-cache hit (``start``) are exact already and never selected.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from .plan import RequestState
+    from .passes import PassContext
+    from .state import RequestState
 
 
-def query_window(kind: str, q: int, num_tokens: int, boundary: int) -> tuple[int, int]:
+def query_window(kind: str, q: int, num_tokens: int, boundary: int, start: int = 0) -> tuple[int, int]:
     """Prompt rows whose queries a requirement reads: the last ``q`` (``"last"``) or the ``q`` just before
-    the tail (``"before_tail"``, question-blind)."""
+    the tail (``"before_tail"``, question-blind), never below ``start`` (rows the radix cache held: their
+    lower layers did not run, so their queries do not exist). The window may be empty."""
     if kind == "last":
-        return max(0, num_tokens - q), num_tokens
-    if kind == "before_tail":
-        return max(0, boundary - q), boundary
-    raise ValueError(f"unknown query window {kind!r}")
+        lo, hi = max(0, num_tokens - q), num_tokens
+    elif kind == "before_tail":
+        lo, hi = max(0, boundary - q), boundary
+    else:
+        raise ValueError(f"unknown query window {kind!r}")
+    return max(lo, start), max(hi, start)
 
 
 def random_rows_between(count: int, lo: int, hi: int, seed: int) -> torch.Tensor:
@@ -34,7 +39,9 @@ def random_rows_between(count: int, lo: int, hi: int, seed: int) -> torch.Tensor
 
 
 def every_kth_row(k: int, lo: int, hi: int) -> torch.Tensor:
-    """Rows ``lo + k - 1, lo + 2k - 1, ...`` below ``hi``."""
+    """Rows ``lo + k - 1, lo + 2k - 1, ...`` below ``hi`` (none when the range is shorter than ``k``)."""
+    if lo + k - 1 >= hi:
+        return torch.empty(0, dtype=torch.long)
     return torch.arange(lo + k - 1, hi, k, dtype=torch.long)
 
 
@@ -60,13 +67,49 @@ def attention_received(
     return kernel(q, k, q_pos.to(k.device), k_pos.to(k.device), scale, block=block)
 
 
-def exact_rows_for(state: RequestState, policy_rows: torch.Tensor | None) -> torch.Tensor:
-    """Apply the request's control and bounds to a selection: rows in ``[start, B)``, sorted and unique."""
-    plan, lo, hi = state.plan, state.start, state.boundary
+def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots: torch.Tensor) -> dict:
+    """Attention received by every prefix row (``[B]`` float32, CPU) per ``AttentionRequirement``, from the
+    queries captured in the lower layers and the keys in the pool. ``slots``: ``[N]`` pool indices."""
+    from ..selectors.base import AttentionRequirement
+
+    ad = ctx.adapter
+    out = {}
+    for req in requirements:
+        if not isinstance(req, AttentionRequirement):
+            continue
+        lo, hi = query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
+        total = torch.zeros(st.boundary, dtype=torch.float32)
+        for layer_id in req.layers:
+            chunks = st.queries.get((req, layer_id), [])
+            if not chunks or hi <= lo:
+                continue
+            q = torch.cat(chunks).reshape(hi - lo, -1, ad.shape.head_dim)
+            k = ctx.pool.get_key_buffer(layer_id)[slots[:hi]]
+            scale = ad.layers[layer_id].self_attn.attn.scaling
+            received = attention_received(q.float(), k.float(), torch.arange(lo, hi), scale)
+            total += received[: st.boundary].cpu()
+        out[req] = total
+    return out
+
+
+def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any = None, token_counts=None) -> torch.Tensor:
+    """The request's exact rows: sorted unique positions in ``[start, B)``."""
+    from ..selectors.base import SelectionInputs
+
+    plan, lo, hi = st.plan, st.start, st.boundary
     if plan.exact_every is not None:
         rows = every_kth_row(plan.exact_every, lo, hi)
-    elif policy_rows is not None:
-        rows = torch.unique(policy_rows.to(torch.long).cpu())
+    elif plan.policy is not None:
+        inputs = SelectionInputs(
+            token_ids=st.prompt_ids,
+            prefix_len=st.boundary,
+            seed=plan.seed,
+            tokens=tokens,
+            token_counts=token_counts,
+            attention=statistics,
+            probe=probes,
+        )
+        rows = torch.unique(plan.policy.select(inputs).to(torch.long).cpu())
         rows = rows[(rows >= lo) & (rows < hi)]
     else:
         rows = torch.empty(0, dtype=torch.long)

@@ -3,6 +3,11 @@
 RidgeFill runs a chunk in several passes (lower layers, fill, exact rows and tail), each over a
 ``dataclasses.replace`` copy of SGLang's batch with the per-request fields narrowed. The copy gets its own
 ``residual_stream``; the attention backend is re-planned for it by the caller.
+
+Rows of one request at arbitrary positions are described as *virtual requests* of that request
+(``sgl_ridgefill.attention.planner``): virtual request ``j`` has ``lens[j]`` query rows and a context of
+``seq_lens[j]`` positions, like an extend with prefix ``seq_lens[j] - lens[j]``. For a run of consecutive
+positions that is exactly SGLang's extend of those rows; for a group the backend plans a custom mask.
 """
 
 from __future__ import annotations
@@ -88,52 +93,61 @@ def requests_subbatch(fb: ForwardBatch, idx: list[int]) -> tuple[ForwardBatch, t
     return sub, rows
 
 
-def rows_subbatch(
+def virtual_subbatch(
     fb: ForwardBatch,
     req: int,
     *,
+    lens: list[int],
+    seq_lens: list[int],
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     out_cache_loc: torch.Tensor,
-    seq_len: int,
 ) -> ForwardBatch:
-    """Rows of request ``req`` at ``positions`` (ascending) over its context ``[0, seq_len)``.
+    """Rows of request ``req`` of ``fb`` as ``len(lens)`` virtual extend requests of that request.
 
-    For contiguous rows ending at ``seq_len - 1`` this is an ordinary extend; otherwise only a backend with
-    row-query support (``ridgefill_row_queries = True``, see ``attention_scope``) attends correctly.
+    ``lens``: rows of each virtual request (they partition the rows, in order); ``seq_lens``: the context
+    length of each (its last position + 1); ``input_ids``, ``positions``, ``out_cache_loc``: ``[rows]``
+    on the batch's device, positions ascending.
     """
-    n = int(positions.numel())
+    r, n = len(lens), int(positions.numel())
+    assert r == len(seq_lens) and sum(lens) == n, (lens, seq_lens, n)
     dev = fb.seq_lens.device
-    prefix = seq_len - n
+    prefix = [s - m for s, m in zip(seq_lens, lens)]
 
-    def one(value: int, like: torch.Tensor | None) -> torch.Tensor:
+    def on_device(values: list[int], like: torch.Tensor | None) -> torch.Tensor:
         dtype = like.dtype if like is not None else torch.int64
-        return torch.tensor([value], dtype=dtype, device=dev)
+        return torch.tensor(values, dtype=dtype, device=dev)
 
+    lens_t = on_device(lens, fb.extend_seq_lens)
+    start_loc = torch.zeros_like(lens_t)
+    if r > 1:
+        start_loc[1:] = torch.cumsum(lens_t, 0)[:-1]
+    one = slice(req, req + 1)
+    seq_cpu_dtype = fb.seq_lens_cpu.dtype if fb.seq_lens_cpu is not None else torch.int64
     return dataclasses.replace(
         fb,
-        batch_size=1,
+        batch_size=r,
         input_ids=input_ids,
         positions=positions,
         out_cache_loc=out_cache_loc,
-        req_pool_indices=fb.req_pool_indices[req : req + 1],
-        req_pool_indices_cpu=None if fb.req_pool_indices_cpu is None else fb.req_pool_indices_cpu[req : req + 1],
-        seq_lens=one(seq_len, fb.seq_lens),
-        seq_lens_cpu=torch.tensor([seq_len], dtype=torch.int64),
-        seq_lens_sum=seq_len,
-        orig_seq_lens=None if fb.orig_seq_lens is None else fb.orig_seq_lens[req : req + 1],
+        req_pool_indices=fb.req_pool_indices[one].repeat(r),
+        req_pool_indices_cpu=None if fb.req_pool_indices_cpu is None else fb.req_pool_indices_cpu[one].repeat(r),
+        seq_lens=on_device(seq_lens, fb.seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=seq_cpu_dtype),
+        seq_lens_sum=sum(seq_lens),
+        orig_seq_lens=None if fb.orig_seq_lens is None else fb.orig_seq_lens[one].repeat(r),
         extend_num_tokens=n,
-        extend_seq_lens=one(n, fb.extend_seq_lens),
-        extend_seq_lens_cpu=[n],
-        extend_prefix_lens=one(prefix, fb.extend_prefix_lens),
-        extend_prefix_lens_cpu=[prefix],
-        extend_start_loc=one(0, fb.extend_start_loc),
-        extend_logprob_start_lens_cpu=[n],
+        extend_seq_lens=lens_t,
+        extend_seq_lens_cpu=list(lens),
+        extend_prefix_lens=on_device(prefix, fb.extend_prefix_lens),
+        extend_prefix_lens_cpu=prefix,
+        extend_start_loc=start_loc,
+        extend_logprob_start_lens_cpu=list(lens),
         return_logprob=False,
-        top_logprobs_nums=None if fb.top_logprobs_nums is None else [0],
-        token_ids_logprobs=None if fb.token_ids_logprobs is None else [None],
-        rids=None if fb.rids is None else [fb.rids[req]],
-        lora_ids=None if fb.lora_ids is None else [fb.lora_ids[req]],
+        top_logprobs_nums=None if fb.top_logprobs_nums is None else [0] * r,
+        token_ids_logprobs=None if fb.token_ids_logprobs is None else [None] * r,
+        rids=None if fb.rids is None else [fb.rids[req]] * r,
+        lora_ids=None if fb.lora_ids is None else [fb.lora_ids[req]] * r,
         residual_stream=None,
         **_row_count_fields(fb, n),
     )

@@ -59,9 +59,10 @@ class SubPass:
     visible: torch.Tensor | None
     group_size: int | None
     seed: int
+    runs_from: int | None = None  # with group_size: rows from here on are runs (a RidgeFill tail)
 
     def plan(self) -> VirtualRequests:
-        return plan_virtual_requests(self.positions, self.visible, group_size=self.group_size)
+        return plan_virtual_requests(self.positions, self.visible, group_size=self.group_size, runs_from=self.runs_from)
 
     def expected_pairs(self) -> torch.Tensor:
         """[n, seq_len] int: 1 where the query row may attend to the key position."""
@@ -89,7 +90,8 @@ def subpasses(draw, *, groups: bool = True, masks: bool = True) -> SubPass:
     if masks and draw(st.booleans()):
         visible = (torch.rand(seq_len, generator=g) < draw(st.sampled_from([0.0, 0.3, 0.8, 1.0]))) | chosen
     group_size = draw(st.sampled_from([None, 1, 2, 3, 5, 8, 16])) if groups else None
-    return SubPass(seq_len, torch.nonzero(chosen).flatten(), visible, group_size, seed)
+    runs_from = seq_len - tail if group_size is not None and draw(st.booleans()) else None
+    return SubPass(seq_len, torch.nonzero(chosen).flatten(), visible, group_size, seed, runs_from)
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,23 @@ def test_grouped_mode_structure_and_request_count(sp: SubPass, group_size: int) 
     long_starts = set(starts[long_run].tolist())
     request_starts = set(sp.positions[vr.qo_indptr[:-1]].tolist())
     assert long_starts <= request_starts
+
+
+@settings(max_examples=300, **PROPS)
+@given(subpasses(masks=False), st.integers(1, 16))
+def test_rows_before_the_tail_group_whatever_their_runs(sp: SubPass, group_size: int) -> None:
+    """The runtime's upper pass: exact rows below the boundary in groups, the tail as runs, so a sub-pass
+    runs at most ceil(exact rows / G) + (runs of the tail) virtual requests."""
+    boundary = sp.runs_from if sp.runs_from is not None else sp.seq_len // 2
+    vr = plan_virtual_requests(sp.positions, group_size=group_size, runs_from=boundary)
+    below = int((sp.positions < boundary).sum())
+    _, tail_lengths = runs_of(sp.positions[sp.positions >= boundary])
+    assert vr.num_requests <= math.ceil(below / group_size) + tail_lengths.numel()
+    for j in range(vr.num_requests):
+        p = sp.positions[int(vr.qo_indptr[j]) : int(vr.qo_indptr[j + 1])]
+        assert bool((p < boundary).all()) or bool((p >= boundary).all())  # no request straddles the boundary
+        if p[0] >= boundary:
+            assert not vr.is_group[j] and int(p[-1] - p[0]) + 1 == p.numel()
 
 
 def test_a_long_run_closes_the_group_before_it() -> None:

@@ -59,6 +59,7 @@ def engine_run(request, tiny_models):
     steps = [step for _, step, _ in cases]
     env = {
         "RIDGEFILL_PREFILL_BACKEND": "ridgefill",
+        "RIDGEFILL_DIAGNOSTICS": "1",
         "RIDGEFILL_MAPS": str(model.maps_dir),
         "RIDGEFILL_SPLIT": str(SPLIT),
         "RIDGEFILL_TAIL": str(TAIL),

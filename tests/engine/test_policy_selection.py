@@ -46,7 +46,8 @@ def run(request, tiny_models, tmp_path_factory):
     model = tiny_models("llama")
     path = tmp_path_factory.mktemp("policy") / f"{request.param}.rfpolicy"
     path.write_text(POLICIES[request.param])
-    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir), "RIDGEFILL_POLICY": str(path)}
+    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir), "RIDGEFILL_POLICY": str(path),
+           "RIDGEFILL_DIAGNOSTICS": "1"}
     prompts = [prompt(60 + s, N) for s in range(3)]
     steps = [make_request(p, {}) for p in prompts[:2]] + [make_request(prompts[2], {"control": "random", "seed": 5})]
     return request.param, model, prompts, run_engine(cpu_engine_kwargs(model.path), steps, env)

@@ -37,7 +37,8 @@ def server(tiny_models):
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
             "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48",
             "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir),
-            "--ridgefill-split", str(SPLIT), "--ridgefill-tail", str(TAIL), "--ridgefill-cache-mode", "namespace"]
+            "--ridgefill-split", str(SPLIT), "--ridgefill-tail", str(TAIL), "--ridgefill-cache-mode", "namespace",
+            "--ridgefill-diagnostics"]
     with cpu_server(args) as url:
         yield model, url
 
@@ -74,13 +75,25 @@ def test_namespace_mode_shares_filled_kv_only_among_ridgefill(server):
     ids = prompt(41, 150)
     first = _top(_generate(url, ids, {}))
     second = _top(_generate(url, ids, {}))
-    assert first["cached"] == 0 and second["cached"] >= 140  # filled KV reused within the namespace
-    # The reused rows are the same filled KV; the last row, extended alone, rounds a little differently.
+    # The filled prefix is reused within the namespace, up to the request's own boundary: its tail rows run
+    # exactly again (C12: a match never reaches into the tail, whose rows another plan may have filled).
+    assert first["cached"] == 0 and second["cached"] == 150 - TAIL
     assert_top_close(second, [tuple(t) for t in first["top"]], atol=1e-4)
     exact = _top(_generate(url, ids, {"enabled": False}))
     assert exact["cached"] == 0  # the exact request never sees the namespace
     assert_top_close(exact, model.expected_top(ids, split=SPLIT, tail=TAIL, arm="exact"))
     assert_top_close(first, model.expected_top(ids, split=SPLIT, tail=TAIL))
+
+
+def test_a_shorter_prompt_never_reads_filled_rows_in_its_tail(server):
+    """C12: in namespace mode a request whose tail lies inside a longer request's filled prefix must not
+    match it there; it fills its own prefix up to its boundary and runs its tail exactly."""
+    model, url = server
+    ids = prompt(42, 150)
+    assert _generate(url, ids, {}).status_code == 200
+    short = _top(_generate(url, ids[:100], {}))
+    assert 0 < short["cached"] <= 100 - TAIL
+    assert_top_close(short, model.expected_top(ids[:100], split=SPLIT, tail=TAIL))
 
 
 def test_openai_client_extra_body(server):

@@ -53,6 +53,7 @@ def engine_run(tiny_models):
     cases = _cases()
     env = {
         "RIDGEFILL_PREFILL_BACKEND": "ridgefill",
+        "RIDGEFILL_DIAGNOSTICS": "1",
         "RIDGEFILL_MAPS": str(model.maps_dir),
         "RIDGEFILL_SPLIT": str(SPLIT),
         "RIDGEFILL_TAIL": str(TAIL),

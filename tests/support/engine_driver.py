@@ -27,6 +27,7 @@ def _result(out: dict) -> dict:
         "finish_reason": meta.get("finish_reason"),
         "input_logprobs": [x[0] for x in meta.get("input_token_logprobs") or []],
         "input_tops": [[[x[0], x[1]] for x in (t or [])] for t in meta.get("input_top_logprobs") or []],
+        "ridgefill": meta.get("ridgefill"),
     }
 
 

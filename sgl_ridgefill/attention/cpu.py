@@ -6,10 +6,11 @@ as much attention as the whole 8K prefill, and chunked prefill grows cubically w
 backend keeps torch_native's KV writes, decode path and pool layout, and replaces the extend with
 attention of the new rows only, in query blocks, each block over the keys up to its last position.
 
-It also serves RidgeFill's sub-passes (``sgl_ridgefill.runtime.attention_scope``): the causal mask comes
-from ``forward_batch.positions``, so the query rows may be any positions of the request, and an optional
-visible-key mask hides keys from the upper layers. For a stock extend (rows ``prefix .. prefix+n-1``) the
-result is the same attention torch_native computes.
+It serves RidgeFill's row queries (``contract.py``) directly: the causal mask comes from
+``forward_batch.positions``, so a sub-pass's virtual requests (all rows of one request) run as one call
+over the request's context, with the scope's visible-key mask. Requests whose nofill prefill finished
+skip their hidden keys in decode steps and in extends that carry their rows (mixed batches). For a stock
+extend (rows ``prefix .. prefix+n-1``) the result is the attention torch_native computes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from ..runtime.attention_scope import current_scope, hidden_rows
+from ..runtime.state import LIVE
+from .contract import current_row_queries
 
 BACKEND_NAME = "ridgefill_cpu"
 # Query rows per SDPA call: bounds the [heads, rows, keys] score block (torch's CPU kernel tiles further).
@@ -30,6 +32,9 @@ QUERY_BLOCK = 512
 
 class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
     ridgefill_row_queries = True
+    ridgefill_groups = True  # masks by position: any rows of one request in one call
+    ridgefill_hidden_keys = True
+    ridgefill_hidden_keys_in_extend = True
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if (
@@ -43,77 +48,58 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
         if save_kv_cache and k is not None and v is not None:
-            self.token_to_kv_pool.set_kv_buffer(
-                layer,
-                KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical),
-                k,
-                v,
-            )
+            self._write(layer, forward_batch, k, v)
         o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
-        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        scope = current_row_queries()
+        if scope is not None:
+            # Every row of the sub-pass belongs to one request: one call over its context.
+            self._attend_rows(q_, o_, scope.slots, forward_batch.positions, scope.visible, layer)
+            return o
         req_to_token = self.req_to_token_pool.req_to_token
-        scope = current_scope()
-        visible = scope.visible_keys if scope is not None else None
-        if visible is not None and forward_batch.batch_size != 1:
-            raise RuntimeError("a visible-key mask applies to single-request sub-passes only")
         seq_lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.cpu()
-        extend_lens = forward_batch.extend_seq_lens_cpu
         start = 0
         for i in range(forward_batch.batch_size):
-            n = int(extend_lens[i])
+            n = int(forward_batch.extend_seq_lens_cpu[i])
             if n == 0:
                 continue
             seq_len = int(seq_lens[i])
             slots = req_to_token[forward_batch.req_pool_indices[i], :seq_len]
-            self._attend_rows(
-                q_[start : start + n],
-                o_[start : start + n],
-                k_cache,
-                v_cache,
-                slots,
-                forward_batch.positions[start : start + n],
-                visible,
-                layer,
-            )
+            rid = forward_batch.rids[i] if forward_batch.rids else None
+            visible = _visible(LIVE.hidden_keys(rid, layer.layer_id), seq_len, q.device)
+            rows = slice(start, start + n)
+            self._attend_rows(q_[rows], o_[rows], slots, forward_batch.positions[rows], visible, layer)
             start += n
         return o
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         rids = forward_batch.rids or ()
-        hidden = [hidden_rows(rid, layer.layer_id) for rid in rids]
+        hidden = [LIVE.hidden_keys(rid, layer.layer_id) for rid in rids]
         if all(h is None for h in hidden) or layer.is_cross_attention or forward_batch.encoder_lens is not None:
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         # A nofill request: its filled rows hold nothing in the upper layers, so its decode queries skip them.
         if save_kv_cache and k is not None and v is not None:
-            self.token_to_kv_pool.set_kv_buffer(
-                layer,
-                KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical),
-                k,
-                v,
-            )
+            self._write(layer, forward_batch, k, v)
         q_ = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         o = q.new_empty((q_.shape[0], layer.tp_q_head_num * layer.v_head_dim))
         o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
-        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        seq_lens = forward_batch.seq_lens.tolist()
-        for i, seq_len in enumerate(seq_lens):
+        for i, seq_len in enumerate(forward_batch.seq_lens.tolist()):
             slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices[i], :seq_len]
-            visible = None
-            if hidden[i] is not None:
-                visible = torch.ones(seq_len, dtype=torch.bool, device=q.device)
-                visible[: hidden[i].numel()] &= ~hidden[i].to(q.device)
             pos = torch.tensor([seq_len - 1], device=q.device)
-            self._attend_rows(q_[i : i + 1], o_[i : i + 1], k_cache, v_cache, slots, pos, visible, layer)
+            visible = _visible(hidden[i], seq_len, q.device)
+            self._attend_rows(q_[i : i + 1], o_[i : i + 1], slots, pos, visible, layer)
         return o
 
-    @staticmethod
-    def _attend_rows(q, out, k_cache, v_cache, slots, positions, visible, layer) -> None:
+    def _write(self, layer, forward_batch, k, v) -> None:
+        loc = KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical)
+        self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+
+    def _attend_rows(self, q, out, slots, positions, visible, layer) -> None:
         """``q``/``out``: ``[n, heads, d]``; ``slots``: ``[seq_len]`` KV slots of the request's context;
         ``positions``: ``[n]`` query positions (ascending); ``visible``: ``[seq_len]`` bool or None."""
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         gqa = layer.tp_q_head_num != layer.tp_k_head_num
         pos_cpu = positions.tolist()
         n = q.shape[0]
@@ -156,5 +142,10 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
             out[lo:hi] = res.squeeze(0).movedim(1, 0)
 
 
-def create_backend(runner):
-    return RidgeFillCpuAttnBackend(runner)
+def _visible(hidden: torch.Tensor | None, seq_len: int, device) -> torch.Tensor | None:
+    """Visible keys ``[seq_len]`` from a request's hidden prefix keys (``[B]``, True = hidden)."""
+    if hidden is None:
+        return None
+    visible = torch.ones(seq_len, dtype=torch.bool, device=device)
+    visible[: hidden.numel()] &= ~hidden.to(device)
+    return visible

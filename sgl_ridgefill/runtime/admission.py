@@ -1,0 +1,184 @@
+"""Admission: what one request runs, decided when SGLang creates it, from its parameters and the server's.
+
+Precedence, per setting: the request's value, else the policy the request named, else the server flag,
+else the server's policy, else the default. The operator bounds what a request may ask for: with
+``--ridgefill-arm exact`` every request runs exactly whatever it asks; the diagnostic keys and control
+arms need ``--ridgefill-diagnostics``; a request may name only the policies ``--ridgefill-request-policies``
+allows; ``--ridgefill-max-tail`` caps ``tail``. Anything that only the final prompt decides (its length
+against the tail, prompt logprobs) is decided when the request is bound to that prompt (``state.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import DEFAULT_TAIL, ServerConfig
+from ..request_params import RequestParamError, parse_request_params, refuse_diagnostics
+from .plan import RequestPlan
+
+
+def check_request_bounds(params, config: ServerConfig) -> None:
+    """Refuse (``RequestParamError``) what the operator does not let clients ask for: diagnostic keys and
+    control arms without ``--ridgefill-diagnostics``, a tail above ``--ridgefill-max-tail``. Runs in the
+    tokenizer process (an early 400) and again at admission."""
+    if not config.diagnostics:
+        refuse_diagnostics(params)
+    if params.tail is not None and config.max_tail is not None and params.tail > config.max_tail:
+        raise RequestParamError(
+            f'custom_params["ridgefill"]["tail"] = {params.tail} exceeds this server\'s limit of {config.max_tail} '
+            "(--ridgefill-max-tail)"
+        )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """``plan``: RidgeFill runs (``None``: exact); ``reason``: why it runs exactly (for ``meta_info``)."""
+
+    plan: RequestPlan | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What admission needs to know about the server besides its settings."""
+
+    num_layers: int
+    maps_splits: tuple[int, ...] = ()
+    maps_id: str = ""
+    default_split: int | None = None
+    has_tokenizer: bool = False
+    has_token_counts: bool = False
+    nofill_refusal: str | None = None  # why this server cannot run the nofill arm (None: it can)
+    disabled: str | None = None  # why RidgeFill cannot run at all in this process (None: it can)
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """What admission needs to know about the request besides its RidgeFill parameters."""
+
+    unsupported: str | None = None  # input_embeds, multimodal input, hidden states, ...
+
+
+class Admitter:
+    """Plans requests against one server's settings, policies and facts."""
+
+    def __init__(self, config: ServerConfig, facts: ServerFacts, *, policy: Any = None, policies: Mapping[str, Any] = ()):
+        self.config = config
+        self.facts = facts
+        self.policy = policy
+        self.policies = dict(policies)
+        self.requestable = self._requestable_policies()
+
+    def _requestable_policies(self) -> dict[str, Any]:
+        """The named policies a request may select (``--ridgefill-request-policies``)."""
+        own = self.policy.name if self.policy is not None else None
+        return {name: p for name, p in sorted(self.policies.items()) if self.config.allows_policy(name, own)}
+
+    def admit(self, custom_params: Mapping[str, Any] | None, request: RequestFacts = RequestFacts()) -> Admission:
+        """The request's plan, or why it runs exactly. Raises ``RequestParamError`` (HTTP 400)."""
+        params = parse_request_params(custom_params)
+        cfg, facts = self.config, self.facts
+        if params is not None:
+            check_request_bounds(params, cfg)
+            if params.wants_exact:
+                return Admission(reason="the request asked for exact prefill")
+        if cfg.arm == "exact":
+            return Admission(reason="this server runs every request exactly (--ridgefill-arm exact)")
+        if facts.disabled is not None:
+            return Admission(reason=facts.disabled)
+        named = None
+        if params is not None and params.policy is not None:
+            named = self.requestable.get(params.policy)
+            if named is None:
+                allowed = ", ".join(self.requestable) or "none"
+                raise RequestParamError(
+                    f'custom_params["ridgefill"]["policy"]: {params.policy!r} is not a policy this server lets '
+                    f"clients select (allowed: {allowed}; see --ridgefill-request-policies)"
+                )
+        policy = named or self.policy
+        # Request value, else the policy the request named, else the server flag, else the server policy.
+        sources = (params, named) if named is not None else (params, cfg, self.policy)
+
+        def pick(name: str):
+            for source in sources:
+                value = getattr(source, name, None) if source is not None else None
+                if value is not None:
+                    return value
+            return None
+
+        arm = pick("arm") or "ridgefill"
+        if arm == "exact":
+            return Admission(reason="the policy runs exact prefill")
+        split = pick("split") or facts.default_split
+        tail = pick("tail") or DEFAULT_TAIL
+        num_layers = facts.num_layers
+        if split is None:
+            raise RequestParamError("no split layer: pass --ridgefill-split, a policy with a split, or a maps folder")
+        if not 1 <= split <= num_layers:
+            raise RequestParamError(f"split {split} is outside 1..{num_layers} for this {num_layers}-layer model")
+        if arm == "ridgefill" and split < num_layers:
+            if not facts.maps_splits:
+                raise RequestParamError("the ridgefill arm needs maps; this server was started without --ridgefill-maps")
+            if split not in facts.maps_splits:
+                raise RequestParamError(
+                    f"the maps folder has splits {list(facts.maps_splits)}, not {split}; "
+                    "fit it with `sgl-ridgefill calibrate --splits ...`"
+                )
+        if split >= num_layers:
+            return Admission(reason=f"split {split} leaves no layer above it to fill")
+        if request.unsupported is not None:
+            return Admission(reason=f"RidgeFill does not run {request.unsupported}")
+        splice = params.splice if params is not None else None
+        if splice is not None and arm == "nofill":
+            raise RequestParamError("splice replaces filled keys or values; the nofill arm has none")
+        value_rescale = policy.value_rescale_c if policy is not None else None
+        if params is not None and params.value_rescale is not None:
+            value_rescale = params.value_rescale or None
+        if value_rescale is not None and arm == "nofill":
+            raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
+        if splice is not None and value_rescale is not None:
+            raise RequestParamError("splice measures the fill itself; turn value_rescale off (value_rescale: 0)")
+        if arm == "nofill" and facts.nofill_refusal is not None:
+            raise RequestParamError(f"the nofill arm cannot run on this server: {facts.nofill_refusal}")
+        exact_every = params.exact_every if params is not None else None
+        use_policy = policy if (policy is not None and exact_every is None and policy.has_selection()) else None
+        if use_policy is not None:
+            self.check_policy(use_policy, split)
+        cache_mode = pick("cache_mode") or "no_insert"
+        if arm == "nofill":
+            cache_mode = "no_insert"  # its upper layers hold nothing for the prefix: never shared
+        return Admission(
+            plan=RequestPlan(
+                arm=arm,
+                split=split,
+                tail=tail,
+                cache_mode=cache_mode,
+                exact_every=exact_every,
+                control=params.control if params is not None else "none",
+                value_rescale=value_rescale,
+                seed=params.seed if params is not None else 0,
+                policy=use_policy,
+                policy_name=getattr(policy, "name", ""),
+                maps_id=facts.maps_id,
+                splice=splice,
+            )
+        )
+
+    def check_policy(self, policy, split: int) -> None:
+        """Refuse a policy whose selectors need what this server lacks, or read layers at or above the split."""
+        from ..selectors.base import AttentionRequirement
+
+        if getattr(policy, "needs_tokens", False) and not self.facts.has_tokenizer:
+            raise RequestParamError(f"policy {policy.name!r} selects by token class, but the server has no tokenizer")
+        if getattr(policy, "needs_token_counts", False) and not self.facts.has_token_counts:
+            raise RequestParamError(
+                f"policy {policy.name!r} needs token frequencies, but the maps folder has none (recalibrate)"
+            )
+        for req in policy.requirements:
+            if isinstance(req, AttentionRequirement) and any(layer >= split for layer in req.layers):
+                raise RequestParamError(
+                    f"policy {policy.name!r} reads the attention of layers {list(req.layers)}, which must lie below "
+                    f"the split ({split})"
+                )

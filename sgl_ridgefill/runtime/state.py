@@ -1,0 +1,229 @@
+"""A request's RidgeFill state, owned by SGLang's ``Req``, and how a forward finds it.
+
+The state lives on the ``Req`` object itself (attribute :data:`ATTR`), so it has exactly the request's
+lifetime: a request SGLang rejects, aborts in the queue or drops for any other reason takes its state
+with it, and a later request that reuses the rid starts clean. A forward sees only rids, so
+:class:`LiveRequests` keeps, per rid, a weak reference to the ``Req`` of the batch being built (published
+when SGLang turns a batch into a ``ForwardBatch``); a rid of a request that is gone resolves to nothing.
+
+Lifecycle: *admitted* when SGLang creates the ``Req`` (the plan is fixed), *bound* to its final prompt
+when it first enters a batch (after session concatenation and scheduler-side truncation, so the plan
+reads the prompt SGLang actually runs), *begun* at its first chunk (the radix-cache hit is known),
+*done* when the prompt's last chunk ran, *released* when SGLang frees its KV (finish, abort,
+retraction). A released request that comes back (retraction) runs exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .plan import RequestPlan
+
+ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
+
+
+class _RidgeFillSkip:
+    """The value RidgeFill gives ``Req.skip_radix_cache_insert`` (truthy like ``True``), so that release
+    can tell its own "do not insert yet" from SGLang setting ``True`` later for a reason of its own."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "RIDGEFILL_SKIP"
+
+
+RIDGEFILL_SKIP = _RidgeFillSkip()
+
+
+@dataclass
+class RequestState:
+    """Per-request bookkeeping between admission and release (scheduler process only)."""
+
+    plan: RequestPlan
+    prior_skip: Any = False  # Req.skip_radix_cache_insert before admission
+    prompt_ids: torch.Tensor | None = None  # [N] int64, the final prompt; None until bound
+    logprob_start: int | None = None  # first prompt row whose logprob the request wants
+    start: int = -1  # rows already in KV when the prefill began (radix-cache hit); -1 until the first chunk
+    exact_reason: str | None = None  # why the request runs exactly after all (None: RidgeFill runs)
+    prefill_done: bool = False
+    failed: bool = False  # the prefill raised part-way: whatever it wrote is never shared
+    released: bool = False
+    # Split states kept for the second sweep: the tail's, and the new prefix rows' when rows get selected.
+    tail_x: torch.Tensor | None = None  # [T, d]
+    prefix_x: torch.Tensor | None = None  # [B - start, d]
+    # Query rows captured in the lower layers for attention statistics: (requirement, layer) -> [[rows, q*d]]
+    queries: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # filled, exact and tail rows etc. (logs, metrics, meta_info)
+    # nofill: keys the upper layers must not see in decode steps ([B] bool, True = hidden), set when done.
+    hidden_keys: torch.Tensor | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self.prompt_ids is not None
+
+    @property
+    def num_tokens(self) -> int:
+        assert self.prompt_ids is not None, "the state is not bound to a prompt yet"
+        return int(self.prompt_ids.numel())
+
+    @property
+    def boundary(self) -> int:
+        """First tail row ``B = N - T``."""
+        return max(0, self.num_tokens - self.plan.tail)
+
+    @property
+    def runs(self) -> bool:
+        """Whether RidgeFill still has work for this request (not exact, not done, not released)."""
+        return not self.released and self.exact_reason is None and not self.prefill_done
+
+    def bind(self, prompt_ids, logprob_start: int | None) -> None:
+        """Fix the prompt the plan runs on; decide here what only the prompt can decide."""
+        self.prompt_ids = torch.as_tensor(list(prompt_ids), dtype=torch.long)
+        self.logprob_start = logprob_start
+        n, tail = self.num_tokens, self.plan.tail
+        if n <= tail:
+            self.run_exact(f"the prompt ({n} tokens) is not longer than the tail ({tail})")
+        elif logprob_start is not None and logprob_start < n - tail:
+            self.run_exact(
+                f"prompt logprobs from row {logprob_start} would read filled rows (the tail starts at row "
+                f"{n - tail}); set logprob_start_len >= {n - tail} or ask for exact"
+            )
+
+    def run_exact(self, reason: str) -> None:
+        if self.exact_reason is None:
+            self.exact_reason = reason
+        self.free_buffers()
+
+    def fail(self, reason: str) -> None:
+        self.failed = True
+        self.run_exact(reason)
+
+    def free_buffers(self) -> None:
+        self.tail_x = self.prefix_x = None
+        self.queries.clear()
+
+    def release(self) -> None:
+        self.released = True
+        self.free_buffers()
+
+    def may_insert(self) -> bool:
+        """Namespace mode: a request whose prefill completed (filled or exact) may publish its KV in its
+        namespace; a partial prefill or a nofill request (its upper layers hold nothing) never does."""
+        return (
+            self.plan.cache_mode == "namespace"
+            and self.plan.arm != "nofill"
+            and self.bound
+            and not self.failed
+            and (self.prefill_done or (self.exact_reason is not None and self.start >= 0))
+        )
+
+    def summary(self) -> dict:
+        """What ran, for the response's ``meta_info["ridgefill"]``."""
+        if self.exact_reason is not None:
+            return {"ran": False, "reason": self.exact_reason}
+        plan = self.plan
+        out = {"ran": True, "arm": plan.arm, "split": plan.split, "tail": plan.tail, "cache_mode": plan.cache_mode}
+        if plan.policy_name:
+            out["policy"] = plan.policy_name
+        if plan.splice is not None:
+            out["splice"] = plan.splice
+        out.update(self.stats)
+        return out
+
+
+def declined(reason: str) -> dict:
+    """``meta_info["ridgefill"]`` of a request that runs exactly from the start."""
+    return {"ran": False, "reason": reason}
+
+
+def state_of(req: Any) -> RequestState | None:
+    return getattr(req, ATTR, None)
+
+
+class LiveRequests:
+    """rid -> the ``Req`` of the batches being built, by weak reference.
+
+    ``publish`` runs where SGLang builds a ``ForwardBatch`` from its ``ScheduleBatch`` (scheduler thread),
+    ``state`` in the model forward. SGLang refuses a second live request with a rid that is in use, and a
+    rid always maps to the ``Req`` that was last put in a batch, so a forward never reads the state of a
+    request that is not in it.
+    """
+
+    def __init__(self) -> None:
+        self._refs: dict[str, weakref.ref] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, reqs) -> None:
+        """Record the requests of a batch being built; bind new RidgeFill requests to their final prompt."""
+        with self._lock:
+            for req in reqs:
+                st = state_of(req)
+                if st is None or st.released:
+                    self._refs.pop(req.rid, None)
+                    continue
+                if not st.bound:
+                    st.bind(req.origin_input_ids, _logprob_start(req))
+                self._refs[req.rid] = weakref.ref(req)
+
+    def forget(self, req) -> None:
+        with self._lock:
+            ref = self._refs.get(req.rid)
+            if ref is not None and ref() in (req, None):
+                del self._refs[req.rid]
+
+    def req(self, rid: str | None):
+        if rid is None:
+            return None
+        ref = self._refs.get(rid)
+        return None if ref is None else ref()
+
+    def state(self, rid: str | None) -> RequestState | None:
+        req = self.req(rid)
+        st = None if req is None else state_of(req)
+        return None if st is None or st.released else st
+
+    def hidden_keys(self, rid: str | None, layer_id: int) -> torch.Tensor | None:
+        """Keys (``[B]`` bool, True = hidden) a nofill request's decode step must not see in ``layer_id``."""
+        if not self._refs:
+            return None
+        st = self.state(rid)
+        if st is None or st.hidden_keys is None or layer_id < st.plan.split:
+            return None
+        return st.hidden_keys
+
+    def has_work(self, rids) -> bool:
+        """Whether any of ``rids`` is a RidgeFill request whose prefill still needs RidgeFill's forward."""
+        if not self._refs or not rids:
+            return False
+        return any((st := self.state(rid)) is not None and st.runs for rid in rids)
+
+    def has_hidden_keys(self, rids) -> bool:
+        if not self._refs or not rids:
+            return False
+        return any((st := self.state(rid)) is not None and st.hidden_keys is not None for rid in rids)
+
+    def __len__(self) -> int:
+        """Live RidgeFill requests (dead references do not count)."""
+        with self._lock:
+            return sum(1 for ref in self._refs.values() if ref() is not None)
+
+
+def _logprob_start(req) -> int | None:
+    """The first prompt row whose logprob the request wants, or ``None`` when it wants none but the last."""
+    if not getattr(req, "return_logprob", False):
+        return None
+    start = getattr(req, "logprob_start_len", -1)
+    n = len(req.origin_input_ids)
+    if start is None or start < 0 or start >= n - 1:
+        return None
+    return int(start)
+
+
+# The scheduler process's live RidgeFill requests (one per process; SGLang runs one scheduler per rank).
+LIVE = LiveRequests()

@@ -1,0 +1,153 @@
+"""Request admission: which values win, what the operator bounds, and which requests are refused or run
+exactly (no engine needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_ridgefill.config import ServerConfig
+from sgl_ridgefill.policy import MapsInfo, ModelInfo, compile_policy, parse_policy
+from sgl_ridgefill.request_params import RequestParamError
+from sgl_ridgefill.runtime.admission import Admitter, RequestFacts, ServerFacts
+
+MODEL = ModelInfo(num_layers=24, attention_layers=tuple(range(24)), recurrent_layers=(), has_qk_norm=False)
+MAPS = MapsInfo(splits=(12, 16), default_split=12, num_layers=24)
+FACTS = ServerFacts(num_layers=24, maps_splits=(12, 16), maps_id="m", default_split=12)
+
+
+def _policy(text: str):
+    return compile_policy(parse_policy(text), maps=MAPS, model=MODEL)
+
+
+SERVER_POLICY = _policy('policy "server" { split 16 tail 2048 select attention_topk(q=64, share=10%) }')
+NAMED = _policy('policy "named" { arm ridgefill split 12 tail 512 cache namespace }')
+IDENTITY = _policy('policy "identity-named" { arm identity split 12 }')
+
+
+def _admitter(facts: ServerFacts = FACTS, **cfg) -> Admitter:
+    policies = {"named": NAMED, "server": SERVER_POLICY, "identity-named": IDENTITY}
+    return Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", **cfg), facts, policy=SERVER_POLICY, policies=policies)
+
+
+def admit(admitter, params, **kw):
+    return admitter.admit({"ridgefill": params} if params is not None else None, RequestFacts(**kw))
+
+
+def plan(admitter, params, **kw):
+    decision = admit(admitter, params, **kw)
+    assert decision.plan is not None, decision.reason
+    return decision.plan
+
+
+def test_server_policy_applies_by_default():
+    p = plan(_admitter(), None)
+    assert (p.arm, p.split, p.tail, p.cache_mode) == ("ridgefill", 16, 2048, "no_insert")
+    assert p.policy is SERVER_POLICY and p.has_selection
+
+
+def test_server_flags_override_the_server_policy():
+    p = plan(_admitter(tail=1024), None)
+    assert (p.split, p.tail) == (16, 1024)
+
+
+def test_named_policy_wins_over_server_flags_and_request_values_win_over_everything():
+    admitter = _admitter(tail=1024, arm="ridgefill", request_policies=("named",))
+    p = plan(admitter, {"policy": "named"})
+    assert (p.arm, p.split, p.tail, p.cache_mode) == ("ridgefill", 12, 512, "namespace")
+    assert plan(admitter, {"policy": "named", "tail": 64}).tail == 64
+
+
+def test_clients_select_only_the_policies_the_operator_allows():
+    """C13: every shipped policy used to be selectable by name, bypassing the server's settings."""
+    with pytest.raises(RequestParamError, match=r"'named' is not a policy this server lets clients select \(allowed: server;"):
+        admit(_admitter(), {"policy": "named"})
+    assert plan(_admitter(request_policies=("all",)), {"policy": "named"}).tail == 512
+    assert plan(_admitter(diagnostics=True), {"policy": "named"}).tail == 512
+
+
+def test_server_arm_exact_is_final():
+    """C13: ``--ridgefill-arm exact`` turns RidgeFill off whatever the request asks for."""
+    decision = admit(_admitter(arm="exact"), {"arm": "ridgefill", "tail": 64})
+    assert decision.plan is None and "--ridgefill-arm exact" in decision.reason
+
+
+def test_diagnostics_need_the_server_switch():
+    """C8: splice, exact_every, the random control and the control arms cost more than an exact prefill or
+    serve worse answers; clients get them only from a server started with --ridgefill-diagnostics."""
+    for params in ({"splice": "keys"}, {"exact_every": 1}, {"control": "random"}, {"seed": 3}, {"arm": "nofill"},
+                   {"arm": "identity"}):
+        with pytest.raises(RequestParamError, match="only when started with --ridgefill-diagnostics"):
+            admit(_admitter(), params)
+    assert plan(_admitter(diagnostics=True), {"splice": "keys"}).splice == "keys"
+    assert plan(_admitter(diagnostics=True), {"exact_every": 1}).exact_every == 1
+
+
+def test_max_tail_caps_requests():
+    with pytest.raises(RequestParamError, match=r"tail\"\] = 5000 exceeds this server's limit of 4096"):
+        admit(_admitter(max_tail=4096), {"tail": 5000})
+    assert plan(_admitter(max_tail=4096), {"tail": 4096}).tail == 4096
+
+
+def test_exact_requests_have_no_plan():
+    admitter = _admitter()
+    assert admit(admitter, {"enabled": False}).reason == "the request asked for exact prefill"
+    assert admit(admitter, "exact").plan is None
+    assert "no layer above it" in admit(admitter, {"split": 24}).reason
+
+
+def test_unsupported_request_runs_exact_and_says_why():
+    decision = admit(_admitter(), {}, unsupported="input_embeds")
+    assert decision.plan is None and decision.reason == "RidgeFill does not run input_embeds"
+
+
+def test_disabled_server_declines_every_request():
+    admitter = _admitter(ServerFacts(num_layers=24, disabled="the attention backend (X) cannot run exact rows"))
+    decision = admit(admitter, {"tail": 64})
+    assert decision.plan is None and decision.reason.startswith("the attention backend (X)")
+
+
+def test_nofill_runs_only_where_the_decode_backend_hides_filled_rows():
+    refusing = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, nofill_refusal="no way to hide them")
+    with pytest.raises(RequestParamError, match="the nofill arm cannot run on this server: no way to hide them"):
+        admit(_admitter(refusing, diagnostics=True), {"arm": "nofill"})
+    p = plan(_admitter(diagnostics=True, cache_mode="namespace"), {"arm": "nofill"})
+    assert p.cache_mode == "no_insert"  # C6: its upper layers hold nothing for the prefix: never shared
+
+
+def test_splice_is_a_diagnostic_of_the_filled_arms():
+    admitter = _admitter(diagnostics=True)
+    assert plan(admitter, {"splice": "keys"}).namespace != plan(admitter, {}).namespace
+    with pytest.raises(RequestParamError, match="the nofill arm has none"):
+        admit(admitter, {"arm": "nofill", "splice": "values"})
+
+
+def test_policy_reading_layers_at_or_above_the_split_is_refused():
+    """L7: a request split below the policy's attention layers used to drop their captures silently."""
+    layers = list(SERVER_POLICY.requirements[0].layers)
+    assert max(layers) >= 12
+    with pytest.raises(RequestParamError) as e:
+        admit(_admitter(), {"split": 12})
+    assert str(e.value) == f"policy 'server' reads the attention of layers {layers}, which must lie below the split (12)"
+    low = _policy('policy "low" { split 12 select attention_topk(q=64, share=10%, layers=[0, 3]) }')
+    admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=low, policies={"low": low})
+    assert plan(admitter, {"split": 12}).policy is low
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"split": 13}, "the maps folder has splits [12, 16], not 13; fit it with `sgl-ridgefill calibrate --splits ...`"),
+        ({"split": 30}, "split 30 is outside 1..24 for this 24-layer model"),
+        ({"value_rescale": 64, "arm": "nofill"}, "value_rescale needs filled values; the nofill arm has none"),
+    ],
+)
+def test_refused(params, message):
+    with pytest.raises(RequestParamError) as e:
+        admit(_admitter(diagnostics=True), params)
+    assert str(e.value) == message
+
+
+def test_namespace_is_a_function_of_everything_that_changes_filled_kv():
+    admitter = _admitter()
+    a, b, c = plan(admitter, {}), plan(admitter, {}), plan(admitter, {"tail": 100})
+    assert a.namespace == b.namespace != c.namespace

@@ -1,0 +1,175 @@
+"""A request's RidgeFill state lives on SGLang's ``Req``: admitted at creation, bound to the final prompt when
+the request enters a batch, released on every path out. Driven through the real hooks of ``patches.py``
+with stand-ins for SGLang's ``Req`` and ``_create_generation_req`` (no engine needed); each test names the
+finding of RELIABILITY_FINDINGS it pins."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+
+from sgl_ridgefill import patches
+from sgl_ridgefill.config import ServerConfig
+from sgl_ridgefill.runtime.admission import Admitter, ServerFacts
+from sgl_ridgefill.runtime.runtime import META_KEY, RidgeFillRuntime, set_runtime
+from sgl_ridgefill.runtime.state import LIVE, RIDGEFILL_SKIP, LiveRequests, state_of
+
+FACTS = ServerFacts(num_layers=4, maps_splits=(2,), maps_id="m", default_split=2)
+
+
+class FakeReq:
+    """The parts of SGLang's ``Req`` RidgeFill touches."""
+
+    def __init__(self, rid, origin_input_ids, extra_key=None, session=None, **_):
+        self.rid = rid
+        self.origin_input_ids = list(origin_input_ids)
+        self.extra_key = extra_key
+        self.session = session
+        self.skip_radix_cache_insert = False
+        self.customized_info = None
+        self.return_logprob = False
+        self.logprob_start_len = -1
+        self.aborted = None
+
+    def set_finish_with_abort(self, message):
+        self.aborted = message
+        self.origin_input_ids = [0]
+
+
+def _original(scheduler, recv_req, *args, **kwargs):
+    ids = kwargs.pop("origin_input_ids", None) or recv_req.input_ids
+    return FakeReq(recv_req.rid, ids, **kwargs)
+
+
+def _recv(rid, ids, ridgefill=None, extra_key=None):
+    custom = {"ridgefill": ridgefill} if ridgefill is not None else None
+    return SimpleNamespace(rid=rid, input_ids=list(ids), sampling_params=SimpleNamespace(custom_params=custom),
+                           extra_key=extra_key, cache_salt=None, logprob_start_len=-1)
+
+
+@pytest.fixture()
+def runtime():
+    cfg = ServerConfig(prefill_backend="ridgefill", maps="m", tail=8, diagnostics=True)
+    rt = RidgeFillRuntime(cfg, None, Admitter(cfg, FACTS))
+    set_runtime(rt)
+    saved = LIVE._refs.copy()  # noqa: SLF001
+    LIVE._refs.clear()  # noqa: SLF001
+    yield rt
+    set_runtime(None)
+    LIVE._refs.clear()  # noqa: SLF001
+    LIVE._refs.update(saved)  # noqa: SLF001
+
+
+def create(recv, **kwargs):
+    return patches.around_create_generation_req(_original, None, recv, **kwargs)
+
+
+def release(req):
+    return patches.around_release_kv_cache(lambda *a, **k: None, req, None)
+
+
+def test_a_dropped_request_takes_its_state_with_it(runtime):
+    """C1: a request SGLang rejects or aborts in the queue never reaches release; a later request reusing
+    its rid must not run with the old plan, nor on the old prompt."""
+    first = create(_recv("x", range(40), {"tail": 8}))
+    assert state_of(first) is not None
+    del first  # rejected: SGLang drops the Req without releasing it
+    gc.collect()
+    second = create(_recv("x", range(30), {"enabled": False}))
+    LIVE.publish([second])
+    assert state_of(second) is None and LIVE.state("x") is None
+    assert len(LIVE) == 0
+
+
+def test_no_state_is_left_after_rejected_aborted_and_retracted_requests(runtime):
+    rejected = create(_recv("a", range(40), {}))
+    queued = create(_recv("b", range(40), {}))
+    running = create(_recv("c", range(40), {}))
+    retracted = create(_recv("d", range(40), {}))
+    LIVE.publish([running, retracted])
+    assert len(LIVE) == 2
+    release(running)  # aborted in flight: SGLang releases its KV
+    release(retracted)  # retraction releases the KV, then the request waits to be prefilled again
+    LIVE.publish([retracted])
+    assert LIVE.state("d") is None  # it comes back as an exact request
+    del rejected, queued  # never in a batch: nothing to find
+    gc.collect()
+    assert len(LIVE) == 0 and LIVE.state("a") is None and LIVE.state("b") is None
+
+
+def test_session_requests_are_planned_from_the_whole_prompt(runtime):
+    """C3: a session turn's Req holds history + new turn; planning from the new turn alone overflowed."""
+    recv = _recv("s", range(20), {})
+    history_and_turn = list(range(100, 150)) + list(range(20))
+    req = create(recv, origin_input_ids=history_and_turn)
+    LIVE.publish([req])
+    assert state_of(req).prompt_ids.tolist() == history_and_turn
+
+
+def test_truncated_prompts_are_planned_from_what_the_scheduler_keeps(runtime):
+    """C4: --allow-auto-truncate shortens origin_input_ids after the Req is created."""
+    req = create(_recv("t", range(400), {}))
+    req.origin_input_ids = req.origin_input_ids[:256]
+    LIVE.publish([req])
+    st = state_of(req)
+    assert st.num_tokens == 256 and st.boundary == 256 - 8
+
+
+def test_streaming_sessions_run_exact(runtime):
+    """C9: a streaming session keeps a turn's KV row for the next turn, whatever that turn asks for."""
+    req = create(_recv("z", range(40), {}), session=SimpleNamespace(streaming=True))
+    assert state_of(req) is None
+    assert req.customized_info[META_KEY][0]["ran"] is False
+
+
+def test_a_client_cannot_name_a_ridgefill_namespace(runtime):
+    """C10: the scheduler itself refuses the namespace mark, not only the tokenizer."""
+    req = create(_recv("k", range(40), None, extra_key="a|rf:rf:00"), extra_key="a|rf:rf:00")
+    assert req.aborted is not None and "reserved for RidgeFill's cache namespace" in req.aborted
+
+
+def test_release_clears_only_the_skip_ridgefill_set(runtime):
+    """C11: namespace mode re-enabled insertion even when SGLang had disabled it since."""
+    cfg = ServerConfig(prefill_backend="ridgefill", maps="m", tail=8, cache_mode="namespace")
+    set_runtime(RidgeFillRuntime(cfg, None, Admitter(cfg, FACTS)))
+    done, vetoed, partial = (create(_recv(r, range(40), {})) for r in "pqr")
+    for req in (done, vetoed, partial):
+        assert req.skip_radix_cache_insert is RIDGEFILL_SKIP
+        LIVE.publish([req])
+        state_of(req).start = 0
+    state_of(done).prefill_done = state_of(vetoed).prefill_done = True
+    vetoed.skip_radix_cache_insert = True  # SGLang: e.g. the KV never landed
+    for req in (done, vetoed, partial):
+        release(req)
+    assert done.skip_radix_cache_insert is False  # its completed prefill goes into its namespace
+    assert vetoed.skip_radix_cache_insert is True
+    assert partial.skip_radix_cache_insert is True  # never a partial prefill
+
+
+def test_namespace_matches_stop_at_the_request_boundary(runtime):
+    """C12: a shorter request's tail must not be served from a longer request's filled prefix."""
+    cfg = ServerConfig(prefill_backend="ridgefill", maps="m", tail=8, cache_mode="namespace")
+    set_runtime(RidgeFillRuntime(cfg, None, Admitter(cfg, FACTS)))
+    req = create(_recv("n", range(40), {}))
+    assert patches.around_compute_max_prefix_len(lambda r, n: n - 1, req, 40) == 32
+    exact = create(_recv("e", range(40), {"enabled": False}))
+    assert patches.around_compute_max_prefix_len(lambda r, n: n - 1, exact, 40) == 39
+
+
+def test_every_response_says_what_ran(runtime):
+    """Requests that run exactly say why in meta_info["ridgefill"]."""
+    req = create(_recv("m", range(40), {"enabled": False}))
+    assert req.customized_info[META_KEY] == [{"ran": False, "reason": "the request asked for exact prefill"}]
+    short = create(_recv("short", range(5), {}))
+    LIVE.publish([short])
+    assert state_of(short).exact_reason == "the prompt (5 tokens) is not longer than the tail (8)"
+
+
+def test_live_requests_resolve_only_live_reqs():
+    live = LiveRequests()
+    req = FakeReq("r", range(20))
+    live.publish([req])
+    assert live.state("r") is None  # no RidgeFill state: nothing to find
+    assert live.req("r") is None

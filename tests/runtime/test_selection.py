@@ -1,0 +1,26 @@
+"""Exact-row selection bounds (no engine needed)."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_ridgefill.runtime.selection import every_kth_row, query_window
+
+
+def test_every_kth_row_is_empty_when_the_range_is_shorter_than_k():
+    """C2: ``exact_every`` larger than the new prefix raised inside the forward and stopped the scheduler."""
+    assert every_kth_row(8, 1973, 1976).numel() == 0
+    assert every_kth_row(100_000, 0, 1976).numel() == 0
+    assert every_kth_row(8, 0, 6).numel() == 0
+    assert every_kth_row(3, 10, 20).tolist() == [12, 15, 18]
+    assert every_kth_row(1, 4, 7).tolist() == [4, 5, 6]
+
+
+def test_query_windows_never_reach_below_the_cached_prefix():
+    """C5: a radix hit inside the query window left fewer captured queries than the window's rows."""
+    assert query_window("last", 64, 1000, 900) == (936, 1000)
+    assert query_window("last", 64, 1000, 900, start=950) == (950, 1000)
+    assert query_window("before_tail", 64, 1000, 900, start=880) == (880, 900)
+    lo, hi = query_window("before_tail", 64, 1000, 900, start=950)
+    assert hi <= lo  # the whole window was cached: no queries, an empty statistic
+    assert torch.arange(lo, hi).numel() == 0
