@@ -36,6 +36,32 @@ def _is_lexical(word: str, stopwords: bool) -> bool:
     return len(word) >= _MIN_WORD_LEN and not (stopwords and word in STOPWORDS)
 
 
+def _segment_words(texts: list[str], alnum: list[bool], starts: list[bool]) -> tuple[list[str], list[int], list[int]]:
+    """Words of a prompt of ``n`` tokens: maximal runs of alphanumeric tokens, split at word starts.
+
+    texts, alnum, starts: per position, the token's word text, whether it is alphanumeric (and not
+    special), whether it starts a word. Returns ``(words, first, word_at)``: each word's text, the position
+    of its first token, and per position the index of the word holding it (-1 outside words). Each word's
+    pieces are joined once, so one unbroken run (a base64 blob) costs time linear in its length.
+    """
+    pieces: list[list[str]] = []
+    first: list[int] = []
+    word_at = [-1] * len(texts)
+    current = -1
+    for i, text in enumerate(texts):
+        if not alnum[i]:
+            current = -1
+            continue
+        if starts[i] or current < 0:
+            pieces.append([text])
+            first.append(i)
+            current = len(pieces) - 1
+        else:
+            pieces[current].append(text)
+        word_at[i] = current
+    return ["".join(p) for p in pieces], first, word_at
+
+
 def lexical_net(
     inputs: SelectionInputs,
     *,
@@ -69,22 +95,7 @@ def lexical_net(
     starts = table.word_starts(ids).tolist()
     texts = [table.words[i] for i in safe.tolist()]
 
-    # Word segmentation over the whole prompt: word_at[i] is the word holding position i (or -1).
-    words: list[str] = []
-    word_first: list[int] = []
-    word_at = [-1] * len(texts)
-    current = -1
-    for i, text in enumerate(texts):
-        if not alnum[i]:
-            current = -1
-            continue
-        if starts[i] or current < 0:
-            words.append(text)
-            word_first.append(i)
-            current = len(words) - 1
-        else:
-            words[current] += text
-        word_at[i] = current
+    words, word_first, word_at = _segment_words(texts, alnum, starts)
 
     content = [i for i, a in enumerate(alnum) if a]
     window = content[-query_tokens:]

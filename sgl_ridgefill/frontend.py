@@ -48,10 +48,11 @@ alone in the streaming case, so pass ``backend=endpoint.with_ridgefill(...)`` in
 row lies in the tail and the prompt is prefilled in one chunk, and runs the request exactly otherwise.
 
 How the parameters get in: each ``/generate`` POST of ``RuntimeEndpoint`` goes through the module global
-``sglang.lang.backend.runtime_endpoint.http_request``. The first endpoint wraps that global once; the
-wrapper edits a body only while a :class:`RidgeFillEndpoint` method runs in the same context, so stock
-endpoints in the process are untouched. Each method checks that its request really passed the wrapper and
-raises otherwise, so an SGLang that posts some other way fails loudly instead of dropping the policy.
+``sglang.lang.backend.runtime_endpoint.http_request``. The first endpoint wraps that global once
+(``patches.wrap_http_request``, the client-side section of ``patches.py``); the wrapper edits a body only
+while a :class:`RidgeFillEndpoint` method runs in the same context, so stock endpoints in the process are
+untouched. Each method checks that its request really passed the wrapper and raises otherwise, so an
+SGLang that posts some other way fails loudly instead of dropping the policy.
 """
 
 from __future__ import annotations
@@ -59,16 +60,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import functools
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sglang.lang.backend import runtime_endpoint as _host
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
-from .patches import NAMESPACE_MARK
+from .patches import HTTP_REQUEST, NAMESPACE_MARK, wrap_http_request
 from .request_params import KEY, RequestParamError, parse_request_params
 from .request_schema import expand_shorthand
 
@@ -79,7 +77,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RidgeFillEndpoint", "ridgefill"]
 
-HTTP_REQUEST = "sglang.lang.backend.runtime_endpoint.http_request"
 _GENERATE_PATH = "/generate"
 
 
@@ -116,33 +113,12 @@ class _Sending:
 
 
 _SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar("ridgefill_sending", default=None)
-_seam_lock = threading.Lock()
 
 
-def _install_seam() -> None:
-    """Wrap ``runtime_endpoint.http_request`` once per process (idempotent, thread-safe)."""
-    with _seam_lock:
-        original = getattr(_host, "http_request", None)
-        if getattr(original, "_ridgefill_seam", False):
-            return
-        if not callable(original):
-            raise RuntimeError(
-                f"{HTTP_REQUEST} is missing, so RidgeFillEndpoint cannot attach its parameters; "
-                "this SGLang version posts requests differently from the one sgl-ridgefill supports"
-            )
-
-        @functools.wraps(original)
-        def http_request(url: str, *args: Any, **kwargs: Any) -> Any:
-            sending = _SENDING.get()
-            if sending is not None and url == sending.url:
-                if args:
-                    args = (sending.stamp(args[0]), *args[1:])
-                else:
-                    kwargs["json"] = sending.stamp(kwargs.get("json"))
-            return original(url, *args, **kwargs)
-
-        http_request._ridgefill_seam = True  # type: ignore[attr-defined]
-        _host.http_request = http_request
+def _stamp(url: str, body: Any) -> Any:
+    """The body SGLang's ``http_request`` posts to ``url``: stamped while an endpoint method sends there."""
+    sending = _SENDING.get()
+    return sending.stamp(body) if sending is not None and url == sending.url else body
 
 
 def _checked_params(spec: Any, origin: str) -> dict[str, Any] | None:
@@ -211,7 +187,7 @@ class RidgeFillEndpoint(RuntimeEndpoint):
                 "(reserved for RidgeFill's cache namespace)"
             )
         self._extra_key = extra_key
-        _install_seam()
+        wrap_http_request(_stamp)
         super().__init__(base_url, api_key=api_key, verify=verify, chat_template_name=chat_template_name)
 
     # ------------------------------------------------------------------------- policy

@@ -32,8 +32,12 @@ def _maps(args) -> MapsFacts | None:
 
 def _check(args) -> int:
     facts = _maps(args)
-    policy = compile_policy(load_policy(_resolve_file(args.file)), maps=facts.maps_info() if facts else None)
-    parts = [f"arm {policy.arm}", f"split {policy.split}", f"tail {policy.tail}", f"cache {policy.cache_mode}"]
+    # Without --maps a policy that takes its split from the maps folder still checks; the server,
+    # which always compiles against its maps folder (or refuses), decides the split.
+    maps = facts.maps_info() if facts else None
+    policy = compile_policy(load_policy(_resolve_file(args.file)), maps=maps, defer_split=maps is None)
+    split = f"split {policy.split}" if policy.split is not None else "split from the maps folder (not checked without --maps)"
+    parts = [f"arm {policy.arm}", split, f"tail {policy.tail}", f"cache {policy.cache_mode}"]
     if policy.has_selection():
         parts.append(f"{len(policy.selection.selectors())} selector(s)")
     if policy.value_rescale_c is not None:

@@ -2,7 +2,8 @@
 and the model, and bind the selection. Everything the runtime needs is decided here, once per policy.
 
 Defaults: ``arm ridgefill``; ``split`` from the maps folder's default; ``tail 1024``; ``cache no_insert``;
-no selection, no corrections.
+no selection, no corrections. Serving needs a split, written or from the maps folder; ``policy check``
+without ``--maps`` leaves a maps-folder split unresolved (``defer_split``) and checks the rest.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class CompiledPolicy:
     """A checked policy with every default resolved.
 
     split: layers ``0..split-1`` run exactly for every row (for ``arm exact`` it is unused: the number
-        of layers when known, else the written value or 0).
+        of layers when known, else the written value or 0). None only when compiled with
+        ``defer_split=True`` and neither the policy nor a maps folder gives one.
     tail: the last ``tail`` prompt rows run every layer exactly (default 1024).
     requirements: statistics the runtime computes before calling ``select``.
     identity: short hash of the canonical policy (comments excluded) and the resolved split and tail;
@@ -49,7 +51,7 @@ class CompiledPolicy:
 
     name: str
     arm: str
-    split: int
+    split: int | None
     tail: int
     cache_mode: str
     value_rescale_c: int | None
@@ -74,10 +76,11 @@ class CompiledPolicy:
 
 
 class _Compiler:
-    def __init__(self, policy: ast.PolicyAst, maps: MapsInfo | None, model: ModelInfo | None) -> None:
+    def __init__(self, policy: ast.PolicyAst, maps: MapsInfo | None, model: ModelInfo | None, defer_split: bool) -> None:
         self.policy = policy
         self.maps = maps
         self.model = model
+        self.defer_split = defer_split
 
     def fail(self, message: str, span: Span | None = None) -> PolicyError:
         span = span if span is not None else self.policy.name_span
@@ -119,12 +122,14 @@ class _Compiler:
             raise self.fail(f"{what} must be a whole number, got {format_literal(lit)}", lit.span)
         return lit.value
 
-    def split(self, stmt: ast.SplitStmt | None, arm: str, layers: int | None) -> int:
+    def split(self, stmt: ast.SplitStmt | None, arm: str, layers: int | None) -> int | None:
         if stmt is None:
             if arm == "exact":
                 return layers if layers is not None else 0
             if self.maps is not None:
                 return self.maps.default_split
+            if self.defer_split:
+                return None
             raise self.fail(
                 f"split is not set and there is no maps folder to take a default from; add a line such as "
                 f"`split {layers // 2 if layers else 12}`"
@@ -157,7 +162,7 @@ class _Compiler:
             raise self.fail(f"unknown cache mode {stmt.value!r}{hint}", stmt.value_span)
         return stmt.value
 
-    def corrections(self, arm: str, split: int, tail: int) -> tuple[ValueRescale | None, TerminalState | None]:
+    def corrections(self, arm: str, split: int | None, tail: int) -> tuple[ValueRescale | None, TerminalState | None]:
         seen: dict[str, ast.CorrectStmt] = {}
         rescale = terminal = None
         for stmt in self.policy.statements:
@@ -181,10 +186,11 @@ class _Compiler:
             )
         return self.policy.name
 
-    def warnings(self, arm: str, split: int, layers: int | None, selection: SelectionPlan | None, cache: str) -> tuple[str, ...]:
+    def warnings(self, arm: str, split: int | None, layers: int | None, selection: SelectionPlan | None, cache: str) -> tuple[str, ...]:
         notes = []
         model = self.model
-        if arm == "ridgefill" and model is not None and not model.has_qk_norm and 2 * split < model.num_layers and selection is None:
+        shallow = split is not None and model is not None and 2 * split < model.num_layers
+        if arm == "ridgefill" and shallow and not model.has_qk_norm and selection is None:
             notes.append(
                 f"split {split} is shallower than half of {model.num_layers} layers on a model without QK-norm; such "
                 "splits can be worse than identity fill: prefer half depth or deeper, or select attention rows"
@@ -240,9 +246,15 @@ class _Compiler:
         )
 
 
-def compile_policy(policy: ast.PolicyAst, *, maps: MapsInfo | None = None, model: ModelInfo | None = None) -> CompiledPolicy:
+def compile_policy(
+    policy: ast.PolicyAst, *, maps: MapsInfo | None = None, model: ModelInfo | None = None, defer_split: bool = False
+) -> CompiledPolicy:
     """Check ``policy`` against the maps folder and the model (either may be None) and resolve it.
+
+    A policy without ``split`` takes the maps folder's default; with no maps folder it is refused, unless
+    ``defer_split`` (``policy check`` without ``--maps``): then its split stays None, to be decided by the
+    maps folder at serve time, and checks that need the split are skipped. Serving never defers.
 
     Raises ``PolicyError`` (and nothing else for a parsed policy) with the offending place marked.
     """
-    return _Compiler(policy, maps, model).compile()
+    return _Compiler(policy, maps, model, defer_split).compile()

@@ -50,9 +50,12 @@ Fail = Callable[..., PolicyError]
 
 
 def compile_correction(
-    call: ast.Call, *, arm: str, split: int, tail: int, model: ModelInfo | None, fail: Fail
+    call: ast.Call, *, arm: str, split: int | None, tail: int, model: ModelInfo | None, fail: Fail
 ) -> ValueRescale | TerminalState:
-    """Check one ``correct`` call against the deployment; ``fail(message, span)`` builds the error."""
+    """Check one ``correct`` call against the deployment; ``fail(message, span)`` builds the error.
+
+    ``split`` is None when it is left to the maps folder: the checks against it are skipped.
+    """
     if call.name not in PARAMS:
         hint = did_you_mean(call.name, PARAMS) or f"; known corrections: {', '.join(PARAMS)}"
         raise fail(f"unknown correction {call.name!r}{hint}", call.name_span)
@@ -67,7 +70,7 @@ def compile_correction(
             )
         if args["c"] > tail:
             raise fail(f"value_rescale(c={args['c']}) needs at least {args['c']} tail rows, but tail is {tail}", call.span)
-        if model is not None and not any(l >= split for l in model.attention_layers):
+        if model is not None and split is not None and not any(l >= split for l in model.attention_layers):
             raise fail(
                 f"value_rescale() does not apply to this model: it has no attention layer at or above split {split}",
                 call.span,
@@ -83,7 +86,7 @@ def compile_correction(
                 "terminal_state() does not apply to this model: it has no recurrent (Gated DeltaNet) layers",
                 call.span,
             )
-        if not any(l >= split for l in model.recurrent_layers):
+        if split is not None and not any(l >= split for l in model.recurrent_layers):
             raise fail(
                 f"terminal_state() does not apply to this model: no recurrent layer is at or above split {split}",
                 call.span,

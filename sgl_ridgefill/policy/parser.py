@@ -7,6 +7,7 @@ other tokens that may hold ``#``) and attached to the statement they precede or 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import importlib.resources
@@ -41,12 +42,18 @@ def _token_span(tok: Token, filename: str) -> Span:
     return Span(filename, tok.line, tok.column, tok.end_line, tok.end_column, tok.start_pos, tok.end_pos)
 
 
-def _offset_span(text: str, start: int, end: int, filename: str) -> Span:
-    line = text.count("\n", 0, start) + 1
-    column = start - (text.rfind("\n", 0, start) + 1) + 1
-    end_line = text.count("\n", 0, end) + 1
-    end_column = end - (text.rfind("\n", 0, end) + 1) + 1
-    return Span(filename, line, column, end_line, end_column, start, end)
+def _line_starts(text: str) -> list[int]:
+    """The offset at which each line of ``text`` starts (the first is 0)."""
+    return [0, *(m.end() for m in re.finditer("\n", text))]
+
+
+def _offset_span(text: str, start: int, end: int, filename: str, line_starts: list[int] | None = None) -> Span:
+    """The span of ``text[start:end]``; pass ``_line_starts(text)`` when placing many spans in one text."""
+    if line_starts is None:
+        line_starts = _line_starts(text)
+    line = bisect.bisect_right(line_starts, start)
+    end_line = bisect.bisect_right(line_starts, end)
+    return Span(filename, line, start - line_starts[line - 1] + 1, end_line, end - line_starts[end_line - 1] + 1, start, end)
 
 
 @v_args(meta=True)
@@ -271,17 +278,20 @@ def _syntax_error(err: UnexpectedInput, text: str, filename: str) -> PolicyError
 
 
 def _attach_comments(policy: ast.PolicyAst, text: str, filename: str) -> ast.PolicyAst:
-    comments = [
-        ast.Comment(m.group()[1:].rstrip(), _offset_span(text, m.start(), m.end(), filename))
-        for m in _COMMENT_SCAN.finditer(text)
-        if m.group().startswith("#")
-    ]
-    if not comments:
+    """Comments onto the statements they sit on: O((comments + statements) log(lines + statements))."""
+    found = [m for m in _COMMENT_SCAN.finditer(text) if m.group().startswith("#")]
+    if not found:
         return policy
+    lines = _line_starts(text)
+    comments = [ast.Comment(m.group()[1:].rstrip(), _offset_span(text, m.start(), m.end(), filename, lines)) for m in found]
     statements = list(policy.statements)
     leading: list[list[ast.Comment]] = [[] for _ in statements]
     trailing: list[ast.Comment | None] = [None] * len(statements)
     head, footer, tail = [], [], []
+    # Statements follow each other in the text, so their ends ascend: the statements that end at or
+    # before a comment are a prefix, found by bisection (O(log n) per comment).
+    ends = [s.span.end for s in statements]
+    assert ends == sorted(ends), "statements out of text order"
     for c in comments:
         pos = c.span.start
         if pos < policy.span.start:
@@ -290,12 +300,11 @@ def _attach_comments(policy: ast.PolicyAst, text: str, filename: str) -> ast.Pol
         if pos >= policy.span.end:
             tail.append(c)
             continue
-        before = [i for i, s in enumerate(statements) if s.span.end <= pos]
-        if before and statements[before[-1]].span.end_line == c.span.line:
-            trailing[before[-1]] = c
+        after = bisect.bisect_right(ends, pos)  # first statement ending after the comment
+        if after > 0 and statements[after - 1].span.end_line == c.span.line:
+            trailing[after - 1] = c
             continue
-        after = next((i for i, s in enumerate(statements) if s.span.end > pos), None)
-        (footer if after is None else leading[after]).append(c)
+        (footer if after == len(statements) else leading[after]).append(c)
     new_statements = tuple(
         dataclasses.replace(s, leading=tuple(leading[i]), trailing=trailing[i]) for i, s in enumerate(statements)
     )

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from sgl_ridgefill.policy import builtin_policy_path, compile_policy, load_policy
+from sgl_ridgefill import cli
+from sgl_ridgefill.policy import builtin_policy_names, builtin_policy_path, compile_policy, load_policy
 from sgl_ridgefill.policy.cli import main
 from sgl_ridgefill.policy.explain import explain_policy
 from sgl_ridgefill.policy.manifest import read_maps_facts
@@ -26,6 +27,25 @@ def test_check(capsys):
     assert out == 'ok: policy "llama-3.1-8b-rows": arm ridgefill, split 12, tail 4096, cache no_insert, 1 selector(s)\n'
     code, out, _ = run(capsys, "check", "qwen3.8-27b")  # a shipped name works too
     assert code == 0 and "value_rescale c=512" in out
+
+
+@pytest.mark.parametrize("name", builtin_policy_names())
+def test_every_shipped_policy_checks_standalone(capsys, name):
+    code = cli.main(["policy", "check", str(builtin_policy_path(name))])
+    out = capsys.readouterr()
+    assert (code, out.err) == (0, "")
+    assert out.out.startswith(f'ok: policy "{name}": ')
+
+
+def test_check_without_maps_leaves_a_maps_split_unchecked(capsys, tmp_path):
+    code, out, err = run(capsys, "check", "plain")
+    assert (code, err) == (0, "")
+    assert out == (
+        'ok: policy "plain": arm ridgefill, split from the maps folder (not checked without --maps), '
+        "tail 1024, cache no_insert\n"
+    )
+    code, out, _ = run(capsys, "check", "plain", "--maps", str(_manifest(tmp_path / "maps")))
+    assert code == 0 and ", split 12, " in out
 
 
 def test_check_failure_prints_the_message_and_no_traceback(capsys, tmp_path):

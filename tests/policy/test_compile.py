@@ -29,6 +29,20 @@ def test_split_defaults_to_the_maps_folder():
     assert c('policy "p" { split 12 }', maps=MAPS).split == 12
 
 
+def test_split_from_the_maps_can_be_left_for_serving():
+    # `policy check` without --maps: the split is the maps folder's business, decided at serve time.
+    assert c('policy "p" {}', defer_split=True).split is None
+    assert c('policy "p" { split 12 }', defer_split=True).split == 12
+    assert c('policy "p" {}', maps=MAPS, defer_split=True).split == 16
+    assert c('policy "p" { arm exact }', defer_split=True).split == 0
+    # Selection and corrections that need the split are still checked as far as the text allows.
+    p = c('policy "p" { tail 1024 select attention_topk() correct value_rescale(c=512) }', defer_split=True)
+    assert p.split is None and p.value_rescale_c == 512 and p.has_selection()
+    # Serving compiles without defer_split: no split and no maps folder is refused.
+    with pytest.raises(PolicyError, match="split is not set and there is no maps folder"):
+        c('policy "p" {}')
+
+
 def test_arms_without_maps_need_no_split_in_the_folder():
     assert c('policy "p" { arm identity split 14 }', maps=MAPS).split == 14
     assert c('policy "p" { arm nofill split 14 }', maps=MAPS).split == 14

@@ -50,6 +50,72 @@ def test_parentheses_only_where_the_tree_needs_them():
     assert fmt_rows("((a() | b()) | c())") == "  select a() | b() | c()"
 
 
+COMMENTED = """# head one
+# head two
+policy "p" { # after the brace
+  # before arm
+  arm ridgefill  # trailing arm
+  split 12 # trailing split
+  tail 4096
+  # between, first
+  # between, second
+  select probe(rows=256) # inside select, end of its first line
+    budget 10% # inside select, a later line
+    # inside select, its own line
+    plus digits()
+  # before correct
+  correct terminal_state(offsets="a#b") cache no_insert  # trails cache, the last on its line
+  # footer one
+  # footer two
+} # after the closing brace
+# tail
+"""
+
+COMMENTED_CANONICAL = """# head one
+# head two
+policy "p" {
+  # after the brace
+  # before arm
+  arm ridgefill  # trailing arm
+  split 12  # trailing split
+  tail 4096
+  # between, first
+  # between, second
+  # inside select, end of its first line
+  # inside select, a later line
+  # inside select, its own line
+  select probe(rows=256)
+    budget 10%
+    plus digits()
+  # before correct
+  correct terminal_state(offsets="a#b")
+  cache no_insert  # trails cache, the last on its line
+  # footer one
+  # footer two
+}
+# after the closing brace
+# tail
+"""
+
+
+def test_comments_attach_before_after_between_and_inside_statements():
+    assert format_policy(parse(COMMENTED)) == COMMENTED_CANONICAL
+    assert format_policy(parse(COMMENTED_CANONICAL)) == COMMENTED_CANONICAL
+    assert format_policy(parse('policy "p" { # only a comment\n}')) == 'policy "p" {\n  # only a comment\n}\n'
+    assert format_policy(parse('policy "p" {} # after\n')) == 'policy "p" {\n}\n# after\n'
+
+
+def test_many_comments_and_statements():
+    # 3,000 statements, each with a comment above and one after it: every comment stays where it was.
+    body = "".join(f"  # above {i}\n  tail {i + 1}  # after {i}\n" for i in range(3000))
+    text = f'policy "p" {{\n{body}}}\n'
+    policy = parse(text)
+    assert [(s.leading[0].text, s.trailing.text) for s in policy.statements] == [
+        (f" above {i}", f" after {i}") for i in range(3000)
+    ]
+    assert format_policy(policy) == text
+
+
 def test_comments_can_be_dropped():
     assert format_policy(parse(MESSY), comments=False).count("#") == 0
 

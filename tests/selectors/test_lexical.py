@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sgl_ridgefill.selectors.lexical import lexical_net
+from sgl_ridgefill.selectors.lexical import _segment_words, lexical_net
 
 from .helpers import inputs, table_and_ids
 
@@ -49,3 +49,23 @@ def test_sentences_reaching_into_the_question_window_are_skipped():
     # would match itself and is skipped.
     assert _run(S1 + QUESTION, 9) == [0, 1, 2, 3, 4, 5]
     assert _run(S1[:-1] + QUESTION, 8) == []
+
+
+def test_word_segmentation():
+    texts = ["ab", "cd", "ef", ".", "gh", "ij", "kl"]
+    alnum = [True, True, True, False, True, True, True]
+    starts = [True, False, True, False, True, False, True]
+    assert _segment_words(texts, alnum, starts) == (["abcd", "ef", "ghij", "kl"], [0, 2, 4, 6], [0, 0, 1, -1, 2, 2, 3])
+
+
+def test_one_long_unbroken_run_is_one_word():
+    # A 200K-token run (a base64 blob) is one word, built once: joining its pieces is linear in the run.
+    n = 200_000
+    words, first, word_at = _segment_words(["q9z"] * n, [True] * n, [True] + [False] * (n - 1))
+    assert words == ["q9z" * n] and first == [0] and word_at == [0] * n
+
+
+def test_a_long_blob_does_not_change_the_sentences_found():
+    blob = [" blob"] + ["x9"] * 20_000 + ["."]
+    n = len(blob)
+    assert _run(blob + S1 + S2 + S3 + S4 + QUESTION, n + 19) == list(range(n, n + 6))

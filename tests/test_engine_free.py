@@ -1,0 +1,52 @@
+"""The engine-free core imports no SGLang: it runs and tests on a bare CPU (STYLE.md, practice 2)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# folder or file -> the import name of its top level
+_CORE = (
+    ("selectors", "sgl_ridgefill.selectors"),
+    ("kernels", "sgl_ridgefill.kernels"),
+    ("sgl_ridgefill/policy", "sgl_ridgefill.policy"),
+    ("sgl_ridgefill/maps", "sgl_ridgefill.maps"),
+    ("sgl_ridgefill/attention/planner.py", "sgl_ridgefill.attention.planner"),
+    ("sgl_ridgefill/calibration/solve.py", "sgl_ridgefill.calibration.solve"),
+    ("sgl_ridgefill/calibration/stats.py", "sgl_ridgefill.calibration.stats"),
+    ("sgl_ridgefill/bench/bounds.py", "sgl_ridgefill.bench.bounds"),
+)
+_HOST = ("sglang", "sgl_kernel")
+
+
+def core_modules() -> list[str]:
+    """Import names of every engine-free module that exists in this tree."""
+    names = []
+    for where, name in _CORE:
+        path = REPO / where
+        if path.is_dir():
+            names += [f"{name}.{p.stem}" if p.stem != "__init__" else name for p in sorted(path.glob("*.py"))]
+        elif path.is_file():
+            names.append(name)
+    return names
+
+
+def test_the_core_list_finds_modules():
+    names = core_modules()
+    assert "sgl_ridgefill.selectors.registry" in names and "sgl_ridgefill.policy.compiler" in names
+    assert "sgl_ridgefill.bench.bounds" in names and "sgl_ridgefill.kernels.map_apply" in names
+
+
+def test_engine_free_core_imports_no_sglang():
+    code = (
+        "import importlib, sys\n"
+        f"for name in {core_modules()!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {_HOST!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
