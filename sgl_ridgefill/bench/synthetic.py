@@ -98,7 +98,7 @@ def make_near_identity_maps(
     """
     from transformers import Qwen2ForCausalLM
 
-    from ..maps import SplitMaps, model_fingerprint, write_maps_folder
+    from ..maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
 
     model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     config = model.config
@@ -108,7 +108,9 @@ def make_near_identity_maps(
     gen = torch.Generator().manual_seed(seed)
     n_upper = num_layers - split
     a = torch.eye(d).expand(n_upper, d, d) + noise / d**0.5 * torch.randn(n_upper, d, d, generator=gen)
-    fingerprint = model_fingerprint(config.to_dict(), model.model.embed_tokens.weight, model.model.norm.weight)
+    fingerprint = model_fingerprint(
+        config.to_dict(), model.model.embed_tokens.weight, model.model.norm.weight, hf_fingerprint_layers(model)
+    )
     return write_maps_folder(
         out_dir,
         [SplitMaps(split, a, torch.zeros(n_upper, d), {"lambda": None, "kind": "near-identity", "noise": noise})],

@@ -67,13 +67,20 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_calibrate, calibrate_command=None)
 
-    commands = parser.add_subparsers(dest="calibrate_command", metavar="{resolve}")
+    commands = parser.add_subparsers(dest="calibrate_command", metavar="{resolve,fingerprint}")
     again = commands.add_parser("resolve", help="re-solve saved statistics with another lambda, without reading text")
     again.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder of an earlier calibrate")
     again.add_argument("--out", type=pathlib.Path, required=True, help="maps folder to write")
     again.add_argument("--splits", type=_splits, default=None, help="subset of the splits in the statistics")
     _common(again, stats=False)
     again.set_defaults(func=_resolve)
+    stamp = commands.add_parser(
+        "fingerprint", help="record a model's fingerprints in an existing maps folder (one written without them)"
+    )
+    stamp.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder to update")
+    stamp.add_argument("--model", required=True, help="the model the maps were fitted on (folder or known name)")
+    stamp.add_argument("--force", action="store_true", help="replace a fingerprint that does not match --model")
+    stamp.set_defaults(func=_fingerprint)
 
 
 def _common(parser: argparse.ArgumentParser, *, stats: bool = True) -> None:
@@ -126,6 +133,17 @@ def _resolve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     print(result.out_dir)
+    return 0
+
+
+def _fingerprint(args: argparse.Namespace) -> int:
+    from .pipeline import fingerprint
+
+    try:
+        path = fingerprint(args.maps, args.model, force=args.force)
+    except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
+        return _fail(str(exc))
+    print(path)
     return 0
 
 

@@ -14,7 +14,14 @@ import sys
 import time
 from typing import Any, Callable
 
-from sgl_ridgefill.maps import SplitMaps, model_fingerprint, tokenizer_fingerprint, write_maps_folder
+from sgl_ridgefill.maps import (
+    SplitMaps,
+    hf_fingerprint_layers,
+    model_fingerprint,
+    refingerprint_maps_folder,
+    tokenizer_fingerprint,
+    write_maps_folder,
+)
 from sgl_ridgefill.maps.format import MapsError
 
 from .config import CalibrationConfig, CalibrationError
@@ -41,9 +48,20 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _comparable(run: dict[str, Any]) -> dict[str, Any]:
+def _comparable(run: dict[str, Any], *, layers: bool = True) -> dict[str, Any]:
     # The model folder may move (e.g. another cache dir); the fingerprints say whether it is the same model.
-    return {k: v for k, v in json.loads(json.dumps(run)).items() if k != "model_dir"}
+    out = {k: v for k, v in json.loads(json.dumps(run)).items() if k != "model_dir"}
+    if not layers:
+        out["model"] = {k: v for k, v in out["model"].items() if k != "layers"}
+    return out
+
+
+def _hf_fingerprint(model: Any, hf_config: dict[str, Any]) -> dict[str, Any]:
+    from .capture import final_norm
+
+    return model_fingerprint(
+        hf_config, model.get_input_embeddings().weight, final_norm(model).weight, hf_fingerprint_layers(model)
+    )
 
 
 def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int, ...], force: bool, log: Log) -> StatsState:
@@ -57,10 +75,16 @@ def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int,
             raise
         log(f"--force: discarding unreadable statistics in {stats_dir}")
         return fresh()
-    old, new = _comparable(state.run), _comparable(run)
+    # Statistics saved before per-layer fingerprints existed match on everything else, then gain them.
+    legacy = "layers" not in state.run["model"]
+    old, new = _comparable(state.run), _comparable(run, layers=not legacy)
     if old == new:
         train = state.progress["train"]
         log(f"resuming from {stats_dir}: {train['documents']} training documents, {train['tokens']} tokens already read")
+        if legacy:
+            log(f"{stats_dir}: recording the per-layer model fingerprint these statistics predate")
+            state.run = run
+            state.save(stats_dir)
         return state
     differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if not force:
@@ -76,7 +100,7 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
     """Run the whole calibration described by ``config`` and write ``config.out_dir``."""
     from sgl_ridgefill.models import resolve_model
 
-    from .capture import final_norm, load_model, read_config
+    from .capture import load_model, read_config
     from .corpus import open_corpus
     from .statpass import check_enough_rows, run_pass
 
@@ -98,7 +122,7 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
     model, tokenizer, hf_config = load_model(model_dir, config.dtype)
     d = int(hf_config["hidden_size"])
     run = {
-        "model": model_fingerprint(hf_config, model.get_input_embeddings().weight, final_norm(model).weight),
+        "model": _hf_fingerprint(model, hf_config),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "model_dir": str(pathlib.Path(model_dir).resolve()),
         "corpus": corpus.describe(),
@@ -162,6 +186,29 @@ def resolve(
         raise CalibrationError(f"--stats {stats_dir}: the pass read no training tokens yet")
     return _solve_and_write(state, stats_dir, out_dir, lam, splits=splits, quant=quant, group_size=group_size,
                             force=force, extra={"_started": time.perf_counter()}, log=log)
+
+
+def fingerprint(maps_dir: pathlib.Path, model: str, *, force: bool = False, log: Log = _stderr) -> pathlib.Path:
+    """Record the fingerprints of ``model`` (a folder or known name) in the existing maps folder ``maps_dir``.
+
+    For folders written without a model fingerprint or before per-layer fingerprints. A fingerprint the
+    folder already records must match the model, unless ``force``.
+    """
+    from sgl_ridgefill.models import resolve_model
+
+    from .capture import load_model
+
+    model_dir = resolve_model(model)
+    hf_model, tokenizer, hf_config = load_model(model_dir, "bfloat16")  # the fingerprint is dtype-independent
+    try:
+        model_fp, tokenizer_fp = _hf_fingerprint(hf_model, hf_config), tokenizer_fingerprint(tokenizer)
+        warnings = refingerprint_maps_folder(maps_dir, model=model_fp, tokenizer=tokenizer_fp, force=force)
+    except MapsError as exc:
+        raise CalibrationError(str(exc)) from None
+    for warning in warnings:
+        log(f"checked against the folder's previous fingerprint: {warning}")
+    log(f"recorded the fingerprints of {model_dir} in {maps_dir}")
+    return pathlib.Path(maps_dir)
 
 
 def _solve_and_write(

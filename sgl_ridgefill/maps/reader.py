@@ -148,6 +148,12 @@ class MapsFolder:
 
     def _check(self, key: str, fingerprint: Mapping[str, Any]) -> list[str]:
         expected = self.manifest.get(key)
+        if expected is None and key == "model":
+            raise MapsError(
+                f"maps folder {self.path} records no model fingerprint, so nothing ties it to the model it was fitted "
+                f"on; re-fit it with `sgl-ridgefill calibrate`, or record the fingerprint of the model it was fitted "
+                f"on with `sgl-ridgefill calibrate fingerprint --maps {self.path} --model MODEL`"
+            )
         if expected is None:
             return [f"maps folder {self.path} records no {key} fingerprint; {key} not checked"]
         errors, warnings = compare_fingerprints(expected, fingerprint)
@@ -156,9 +162,10 @@ class MapsFolder:
         return warnings
 
     def check_model(self, fingerprint: Mapping[str, Any]) -> list[str]:
-        """Compare with the served model's :func:`model_fingerprint`.
+        """Compare with the served model's :func:`model_fingerprint` (computed with ``layers``).
 
-        Raises :class:`MapsError` naming every mismatch; returns warnings (e.g. only quantisation differs).
+        Raises :class:`MapsError` naming every mismatch, and when the folder records no model fingerprint;
+        returns warnings (e.g. only quantisation differs, or the folder predates per-layer fingerprints).
         """
         return self._check("model", fingerprint)
 

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from sgl_ridgefill.kernels.quant import DEFAULT_GROUP_SIZE, dequantize_int8_groupwise, quantize_int8_groupwise
 
-from .fingerprint import model_fingerprint
+from .fingerprint import LayerWeights, model_fingerprint
 from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -208,6 +208,7 @@ def identity_maps_folder(
     embed_weight: torch.Tensor,
     final_norm_weight: torch.Tensor,
     split: int,
+    layers: Sequence[LayerWeights] = (),
     tokenizer: Any | None = None,
     quant: str = "bf16",
     token_counts: torch.Tensor | None = None,
@@ -216,12 +217,13 @@ def identity_maps_folder(
     """Write a valid maps folder whose maps are ``A = I``, ``b = 0`` for every upper layer.
 
     With it, RidgeFill must reproduce identity fill exactly (a runtime test oracle). ``config``: HF
-    config dict; ``embed_weight``: ``[vocab, d]``; ``final_norm_weight``: ``[d]``; ``tokenizer``: an HF
-    tokenizer to fingerprint, or ``None``.
+    config dict; ``embed_weight``: ``[vocab, d]``; ``final_norm_weight``: ``[d]``; ``layers``: per layer
+    ``(input_norm_weight, k_rows, v_rows)`` as :func:`model_fingerprint` takes them
+    (:func:`hf_fingerprint_layers` of an HF model); ``tokenizer``: an HF tokenizer to fingerprint, or ``None``.
     """
     from .fingerprint import tokenizer_fingerprint
 
-    fingerprint = model_fingerprint(config, embed_weight, final_norm_weight)
+    fingerprint = model_fingerprint(config, embed_weight, final_norm_weight, layers)
     num_layers, d = fingerprint["num_hidden_layers"], fingerprint["hidden_size"]
     if not isinstance(split, int) or not 1 <= split <= num_layers - 1:
         raise ValueError(f"split {split!r} is outside 1..{num_layers - 1} for a model with {num_layers} layers")
@@ -242,3 +244,50 @@ def identity_maps_folder(
         token_counts=token_counts,
         force=force,
     )
+
+
+def refingerprint_maps_folder(
+    path: str | os.PathLike[str],
+    *,
+    model: Mapping[str, Any],
+    tokenizer: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> list[str]:
+    """Record ``model`` (and ``tokenizer``) fingerprints in the existing maps folder at ``path``.
+
+    For folders written before per-layer fingerprints, or with none: the maps stay as they are, only
+    ``manifest.json`` is replaced (atomically). The folder must hold maps of the model's depth and width;
+    a fingerprint it already records must match ``model`` (the warnings of that check are returned), unless
+    ``force``. Raises :class:`MapsError` otherwise.
+    """
+    from .reader import load_maps
+
+    if "layers" not in model:
+        raise ValueError("the model fingerprint has no per-layer part; compute it with model_fingerprint(..., layers)")
+    folder = load_maps(path)
+    layers, d = model.get("num_hidden_layers"), model.get("hidden_size")
+    if (folder.num_layers, folder.d_in, folder.d_out) != (layers, d, d):
+        raise MapsError(
+            f"maps folder {folder.path} holds maps for {folder.num_layers} layers of width {folder.d_in} -> "
+            f"{folder.d_out}; the model has {layers} layers of width {d}, so its fingerprint cannot be recorded there"
+        )
+    warnings: list[str] = []
+    if not force:
+        try:
+            if folder.manifest["model"] is not None:
+                warnings += folder.check_model(model)
+            if tokenizer is not None and folder.manifest.get("tokenizer") is not None:
+                warnings += folder.check_tokenizer(tokenizer)
+        except MapsError as exc:
+            raise MapsError(f"{exc}; pass --force to record the new model's fingerprint anyway") from None
+    manifest = dict(folder.manifest)
+    manifest["model"] = dict(model)
+    if tokenizer is not None:
+        manifest["tokenizer"] = dict(tokenizer)
+    tmp = folder.path / f".{MANIFEST}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, folder.path / MANIFEST)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return warnings

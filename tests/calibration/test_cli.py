@@ -38,6 +38,39 @@ def test_calibrate_then_resolve(tiny_model, text_corpus, tmp_path, capsys):
     assert err == f"sgl-ridgefill calibrate: error: --out {tmp_path / 'again'} already exists (use --force to replace it)\n"
 
 
+def test_fingerprint_records_the_model_in_an_existing_folder(tiny_model, tmp_path, capsys):
+    import json
+
+    import torch
+
+    from sgl_ridgefill.calibration import load_model
+    from sgl_ridgefill.maps import SplitMaps, model_fingerprint, tokenizer_fingerprint, write_maps_folder
+    from sgl_ridgefill.maps.fingerprint import hf_fingerprint_layers
+
+    model, tokenizer, config = load_model(tiny_model, "float32")
+    embed, norm = model.get_input_embeddings().weight, model.model.norm.weight
+    served = model_fingerprint(config, embed, norm, hf_fingerprint_layers(model))
+    out = write_maps_folder(tmp_path / "maps", [SplitMaps(3, torch.eye(64).unsqueeze(0), torch.zeros(1, 64))],
+                            model=model_fingerprint(config, embed, norm))
+    rc = _run(["calibrate", "fingerprint", "--maps", str(out), "--model", str(tiny_model)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert captured.out.strip() == str(out)
+    assert "only the embeddings and final norm were checked" in captured.err
+    folder = load_maps(out)
+    assert folder.check_model(served) == []
+    assert folder.check_tokenizer(tokenizer_fingerprint(tokenizer)) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["model"]["hidden_size"] = 32
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    rc = _run(["calibrate", "fingerprint", "--maps", str(out), "--model", str(tiny_model)])
+    assert rc == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (  # after transformers' loading bar
+        f"sgl-ridgefill calibrate: error: maps folder {out} does not match the served model: model hidden_size: maps "
+        "were fitted on 32, served model has 64; pass --force to record the new model's fingerprint anyway"
+    )
+
+
 def test_user_errors_exit_with_one_line(tiny_model, text_corpus, tmp_path, capsys):
     rc = _run(["calibrate", "--model", str(tiny_model), "--corpus", str(text_corpus), "--splits", "0", "--out", str(tmp_path / "m")])
     assert rc == 1

@@ -20,6 +20,7 @@ from sgl_ridgefill.calibration import statpass
 from sgl_ridgefill.calibration.corpus import folder_corpus, iter_pieces
 from sgl_ridgefill.calibration.stats import to_float64
 from sgl_ridgefill.maps import load_maps, model_fingerprint
+from sgl_ridgefill.maps.fingerprint import hf_fingerprint_layers
 
 SPLITS = (2, 1)
 
@@ -70,8 +71,9 @@ def test_folder_loads_and_records_the_run(calibrated, tiny_model):
     counts = folder.token_counts()
     assert int(counts.sum()) == calibration["tokens"] + calibration["heldout_tokens"]
     model, tokenizer, config = load_model(tiny_model, "bfloat16")
-    fp = model_fingerprint(config, model.get_input_embeddings().weight, model.model.norm.weight)
+    fp = model_fingerprint(config, model.get_input_embeddings().weight, model.model.norm.weight, hf_fingerprint_layers(model))
     assert folder.check_model(fp) == []
+    assert manifest["model"]["layers"]["count"] == 4
     A, b = folder.load_split(1, dtype=torch.float32)
     assert A.shape == (3, 64, 64) and torch.equal(A[0], torch.eye(64))
 
@@ -153,6 +155,21 @@ def test_stats_of_another_setup_are_not_mixed_in(calibrated, tiny_model, text_co
     calibrate(forced, log=messages.append)
     assert any("--force: discarding statistics" in m for m in messages)
     assert load_stats(stats).run["doc_tokens"] == 128
+
+
+def test_stats_saved_before_per_layer_fingerprints_resume_and_gain_them(calibrated, tiny_model, text_corpus, tmp_path):
+    stats = tmp_path / "stats"
+    shutil.copytree(calibrated.stats_dir, stats)
+    state = load_stats(stats)
+    full = dict(state.run["model"])
+    del state.run["model"]["layers"]
+    state.save(stats)
+    messages = []
+    calibrate(_config(tiny_model, text_corpus, tmp_path / "maps", stats_dir=stats), log=messages.append)
+    assert any(m.startswith("resuming from") for m in messages)
+    assert f"{stats}: recording the per-layer model fingerprint these statistics predate" in messages
+    assert load_stats(stats).run["model"] == full
+    assert load_maps(tmp_path / "maps").manifest["model"] == full
 
 
 def test_resolve_with_another_lambda_needs_no_text(calibrated, tmp_path):

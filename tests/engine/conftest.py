@@ -35,7 +35,7 @@ class TinyModel:
     """A random checkpoint, its HF twin, the reference oracle and a maps folder at ``SPLIT``."""
 
     def __init__(self, root, family: str):
-        from sgl_ridgefill.maps import SplitMaps, model_fingerprint, write_maps_folder
+        from sgl_ridgefill.maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
 
         self.family = family
         self.path = make_tiny_checkpoint(root / family, family=family, num_layers=NUM_LAYERS)
@@ -43,7 +43,10 @@ class TinyModel:
         self.ref = Reference(self.hf)
         # Maps stored in float32-exact form: bf16 storage would round them, so the reference reads them back.
         a, b = random_maps(self.hf, SPLIT)
-        fingerprint = model_fingerprint(self.hf.config.to_dict(), self.hf.model.embed_tokens.weight, self.hf.model.norm.weight)
+        hf = self.hf
+        fingerprint = model_fingerprint(
+            hf.config.to_dict(), hf.model.embed_tokens.weight, hf.model.norm.weight, hf_fingerprint_layers(hf)
+        )
         self.maps_dir = write_maps_folder(root / f"{family}-maps", [SplitMaps(SPLIT, a, b, {"lambda": None})], model=fingerprint)
         from sgl_ridgefill.maps import load_maps
 

@@ -13,11 +13,12 @@ from sgl_ridgefill.maps import (
     MapsError,
     identity_maps_folder,
     load_maps,
+    refingerprint_maps_folder,
     write_maps_folder,
 )
 from sgl_ridgefill.maps import writer as writer_module
 
-from .helpers import D, NUM_LAYERS, VOCAB, config, fingerprint, random_split, weights
+from .helpers import D, NUM_LAYERS, VOCAB, config, fingerprint, layer_weights, random_split, weights
 
 
 def _write(path: pathlib.Path, quant: str = "bf16", splits=(1, 2), **kwargs) -> pathlib.Path:
@@ -81,7 +82,9 @@ def test_bf16_storage_error_is_recorded(tmp_path):
 
 def test_identity_folder_has_identity_maps(tmp_path):
     embed, norm = weights()
-    path = identity_maps_folder(tmp_path / "id", config=config(), embed_weight=embed, final_norm_weight=norm, split=3)
+    path = identity_maps_folder(
+        tmp_path / "id", config=config(), embed_weight=embed, final_norm_weight=norm, layers=layer_weights(), split=3
+    )
     folder = load_maps(path)
     A, b = folder.load_split(3, dtype=torch.float32)
     assert torch.equal(A, torch.eye(D).expand(1, D, D))
@@ -187,7 +190,7 @@ def test_check_model_raises_on_mismatch_and_warns_on_requantisation(tmp_path):
     requantised = embed.float() + 0.001 * torch.randn(embed.shape, generator=g)
     from sgl_ridgefill.maps import model_fingerprint
 
-    warnings = folder.check_model(model_fingerprint(config(), requantised, norm.float()))
+    warnings = folder.check_model(model_fingerprint(config(), requantised, norm.float(), layer_weights()))
     assert len(warnings) == 1 and warnings[0].startswith("model weights: checksum differs but the weights are close")
     assert folder.check_tokenizer({"kind": "tokenizer", "vocab_size": 5}) == [
         f"maps folder {folder.path} records no tokenizer fingerprint; tokenizer not checked"
@@ -203,3 +206,78 @@ def test_inconsistent_inputs_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match="quant must be one of"):
         write_maps_folder(tmp_path / "a", [split], model=fingerprint(), quant="fp8")
     assert not (tmp_path / "a").exists()
+
+
+def _edit_manifest(path: pathlib.Path, **changes) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest.update(changes)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_folder_without_a_model_fingerprint_is_refused(tmp_path):
+    path = _write(tmp_path / "maps")
+    _edit_manifest(path, model=None)
+    folder = load_maps(path)
+    with pytest.raises(MapsError) as info:
+        folder.check_model(fingerprint())
+    assert str(info.value) == (
+        f"maps folder {path} records no model fingerprint, so nothing ties it to the model it was fitted on; re-fit "
+        f"it with `sgl-ridgefill calibrate`, or record the fingerprint of the model it was fitted on with "
+        f"`sgl-ridgefill calibrate fingerprint --maps {path} --model MODEL`"
+    )
+
+
+def test_folder_whose_fingerprint_lost_a_key_is_refused(tmp_path):
+    path = _write(tmp_path / "maps")
+    model = {k: v for k, v in fingerprint().items() if k != "num_key_value_heads"}
+    _edit_manifest(path, model=model)
+    with pytest.raises(MapsError) as info:
+        load_maps(path).check_model(fingerprint())
+    assert str(info.value) == (
+        f"maps folder {path} does not match the served model: "
+        "model num_key_value_heads: the maps folder's fingerprint does not record it; served model has 2"
+    )
+
+
+def test_refingerprint_records_the_model_of_an_old_folder(tmp_path):
+    path = _write(tmp_path / "maps")
+    _edit_manifest(path, model=fingerprint(layers=False))
+    assert len(load_maps(path).check_model(fingerprint())) == 1  # only embeddings and final norm checked
+    warnings = refingerprint_maps_folder(path, model=fingerprint(), tokenizer={"kind": "tokenizer", "vocab_size": 5})
+    assert warnings == [
+        "model layers: the maps folder records no per-layer fingerprint (written by an older sgl-ridgefill), so only "
+        "the embeddings and final norm were checked against the served model; record one with `sgl-ridgefill "
+        "calibrate fingerprint --maps MAPS --model MODEL`"
+    ]
+    with pytest.raises(ValueError, match="the model fingerprint has no per-layer part"):
+        refingerprint_maps_folder(path, model=fingerprint(layers=False))
+    folder = load_maps(path)
+    assert folder.check_model(fingerprint()) == []
+    assert folder.manifest["model"] == fingerprint()
+    assert folder.manifest["tokenizer"] == {"kind": "tokenizer", "vocab_size": 5}
+    assert folder.load_split(2)[0].shape == (2, D, D)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["maps"]
+
+
+def test_refingerprint_fills_in_a_null_model(tmp_path):
+    path = _write(tmp_path / "maps")
+    _edit_manifest(path, model=None)
+    assert refingerprint_maps_folder(path, model=fingerprint()) == []
+    assert load_maps(path).check_model(fingerprint()) == []
+
+
+def test_refingerprint_refuses_another_model_unless_forced(tmp_path):
+    path = _write(tmp_path / "maps")
+    _edit_manifest(path, model=fingerprint(layers=False))
+    with pytest.raises(MapsError) as info:
+        refingerprint_maps_folder(path, model=fingerprint(seed=1))
+    assert str(info.value).startswith(f"maps folder {path} does not match the served model: model weights: checksum differs")
+    assert str(info.value).endswith("; pass --force to record the new model's fingerprint anyway")
+    assert refingerprint_maps_folder(path, model=fingerprint(seed=1), force=True) == []
+    assert load_maps(path).check_model(fingerprint(seed=1)) == []
+    with pytest.raises(MapsError) as info:
+        refingerprint_maps_folder(path, model=fingerprint(hidden_size=64, num_hidden_layers=8, head_dim=12), force=True)
+    assert str(info.value) == (
+        f"maps folder {path} holds maps for 4 layers of width 48 -> 48; the model has 8 layers of width 64, so its "
+        "fingerprint cannot be recorded there"
+    )
