@@ -77,18 +77,17 @@ class ModelAdapter:
 
     def fingerprint_layers(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Per layer, ``(input norm weight [d], K rows of KV head 0 [head_dim, d], V rows of KV head 0)``:
-        what ``maps.model_fingerprint`` checks against the model the maps were fitted on. Head 0 is on
-        every tensor-parallel rank 0; a quantised projection contributes empty rows."""
+        what ``maps.model_fingerprint`` checks against the model the maps were fitted on (KV head 0 is on
+        tensor-parallel rank 0). Empty when a projection is quantised: its rows cannot be read."""
         out = []
         d = self.shape.head_dim
         for layer in self.layers:
             attn = layer.self_attn
             weight = getattr(attn.qkv_proj, "weight", None)
-            if weight is None or not weight.dtype.is_floating_point:
-                k = v = torch.empty(0, self.shape.hidden_size)
-            else:
-                k = weight[attn.q_size : attn.q_size + d]
-                v = weight[attn.q_size + attn.kv_size : attn.q_size + attn.kv_size + d]
+            if weight is None or not weight.dtype.is_floating_point or weight.dim() != 2:
+                return []
+            k = weight[attn.q_size : attn.q_size + d]
+            v = weight[attn.q_size + attn.kv_size : attn.q_size + attn.kv_size + d]
             out.append((layer.input_layernorm.weight, k, v))
         return out
 

@@ -97,7 +97,9 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         from ..maps import load_maps, model_fingerprint
 
         maps_folder = load_maps(config.maps)
-        fingerprint = model_fingerprint(runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight)
+        fingerprint = model_fingerprint(
+            runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight, adapter.fingerprint_layers()
+        )
         for warning in maps_folder.check_model(fingerprint):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
