@@ -136,7 +136,7 @@ def test_namespace_also_covers_maps_and_policy_identity_but_not_the_rest():
     assert dataclasses.replace(base, maps_id="other").namespace != base.namespace
     policy = type("P", (), {"identity": "abc", "has_selection": lambda self: True})()
     assert dataclasses.replace(base, policy=policy).namespace != base.namespace
-    for name, value in (("cache_mode", "namespace"), ("policy_name", "x"), ("logprob_start", 3)):
+    for name, value in (("cache_mode", "namespace"), ("policy_name", "x")):
         assert dataclasses.replace(base, **{name: value}).namespace == base.namespace
 
 
