@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 @functools.lru_cache(maxsize=1)
 def _counters():
     try:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
     except ImportError:  # pragma: no cover - prometheus_client ships with SGLang
         return None
     return {
@@ -28,6 +28,9 @@ def _counters():
             "ridgefill_compute_saved_fraction", "Estimated share of layer-passes skipped per request", ["arm"],
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
         ),
+        # Summed over the scheduler processes; back to 0 once no RidgeFill request is alive (a leak check).
+        "live": Gauge("ridgefill_live_requests", "RidgeFill requests whose SGLang Req is alive in a batch",
+                      multiprocess_mode="livesum"),
     }
 
 
@@ -41,3 +44,9 @@ def record_request(st: RequestState) -> None:
     counters["exact"].labels(arm).inc(s["exact"])
     counters["tail"].labels(arm).inc(s["tail"])
     counters["saved"].labels(arm).observe(s["saved_fraction"])
+
+
+def set_live_requests(count: int) -> None:
+    counters = _counters()
+    if counters is not None:
+        counters["live"].set(count)

@@ -170,12 +170,22 @@ class LiveRequests:
                 if not st.bound:
                     st.bind(req.origin_input_ids, _logprob_start(req))
                 self._refs[req.rid] = weakref.ref(req)
+            self._count()
 
     def forget(self, req) -> None:
         with self._lock:
             ref = self._refs.get(req.rid)
             if ref is not None and ref() in (req, None):
                 del self._refs[req.rid]
+            self._count()
+
+    def _count(self) -> None:
+        """Drop the references of requests that are gone; report how many are alive (metrics)."""
+        from ..metrics import set_live_requests
+
+        for rid in [rid for rid, ref in self._refs.items() if ref() is None]:
+            del self._refs[rid]
+        set_live_requests(len(self._refs))
 
     def req(self, rid: str | None):
         if rid is None:
