@@ -13,6 +13,7 @@ Capabilities, class attributes of an attention backend:
 
 - ``ridgefill_row_queries``: plans extends from a :class:`RowQueries` scope (runs and visible keys);
 - ``ridgefill_groups``: also plans *groups* (several scattered rows in one virtual request, custom mask);
+- ``ridgefill_visible_keys``: plans visible-key masks (the nofill arm, the probe);
 - ``ridgefill_hidden_keys``: decode steps skip the keys a finished nofill request hides
   (``sgl_ridgefill.runtime.state.LIVE.hidden_keys``);
 - ``ridgefill_hidden_keys_in_extend``: so do the rows of such a request that run inside an extend batch
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 ROW_QUERIES = "ridgefill_row_queries"
 GROUPS = "ridgefill_groups"
+VISIBLE_KEYS = "ridgefill_visible_keys"
 HIDDEN_KEYS = "ridgefill_hidden_keys"
 HIDDEN_KEYS_IN_EXTEND = "ridgefill_hidden_keys_in_extend"
 

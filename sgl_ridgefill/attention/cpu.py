@@ -32,6 +32,7 @@ QUERY_BLOCK = 512
 
 class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
     ridgefill_row_queries = True
+    ridgefill_visible_keys = True
     ridgefill_groups = True  # masks by position: any rows of one request in one call
     ridgefill_hidden_keys = True
     ridgefill_hidden_keys_in_extend = True

@@ -29,6 +29,11 @@ class RidgeFillFa3Backend(FlashAttentionBackend):
     ridgefill_groups = False
     ridgefill_hidden_keys = False
 
+    @property
+    def ridgefill_visible_keys(self) -> bool:
+        """Compacted key lists need a page table of token slots: page size 1."""
+        return self.page_size == 1
+
     def init_forward_metadata(self, forward_batch):
         scope = current_row_queries()
         if scope is None or not forward_batch.forward_mode.is_extend():

@@ -23,6 +23,7 @@ from .planner import flashinfer_paged_args
 
 class RidgeFillFlashInferBackend(FlashInferAttnBackend):
     ridgefill_row_queries = True
+    ridgefill_visible_keys = True
     ridgefill_groups = True
     ridgefill_hidden_keys = False
 

@@ -32,6 +32,7 @@ from .planner import decode_kv_lists, triton_extend_args
 
 class RidgeFillTritonBackend(TritonAttnBackend):
     ridgefill_row_queries = True
+    ridgefill_visible_keys = True
     ridgefill_groups = True
     ridgefill_hidden_keys = True
 

@@ -51,6 +51,7 @@ class ServerFacts:
     has_tokenizer: bool = False
     has_token_counts: bool = False
     nofill_refusal: str | None = None  # why this server cannot run the nofill arm (None: it can)
+    visible_keys_refusal: str | None = None  # why it cannot hide keys from a sub-pass (nofill, the probe)
     disabled: str | None = None  # why RidgeFill cannot run at all in this process (None: it can)
 
 
@@ -140,8 +141,10 @@ class Admitter:
             raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
         if splice is not None and value_rescale is not None:
             raise RequestParamError("splice measures the fill itself; turn value_rescale off (value_rescale: 0)")
-        if arm == "nofill" and facts.nofill_refusal is not None:
-            raise RequestParamError(f"the nofill arm cannot run on this server: {facts.nofill_refusal}")
+        if arm == "nofill" and (facts.nofill_refusal or facts.visible_keys_refusal) is not None:
+            raise RequestParamError(
+                f"the nofill arm cannot run on this server: {facts.nofill_refusal or facts.visible_keys_refusal}"
+            )
         exact_every = params.exact_every if params is not None else None
         use_policy = policy if (policy is not None and exact_every is None and policy.has_selection()) else None
         if use_policy is not None:
@@ -168,8 +171,13 @@ class Admitter:
 
     def check_policy(self, policy, split: int) -> None:
         """Refuse a policy whose selectors need what this server lacks, or read layers at or above the split."""
-        from ..selectors.base import AttentionRequirement
+        from ..selectors.base import AttentionRequirement, ProbeRequirement
 
+        if self.facts.visible_keys_refusal is not None and any(isinstance(r, ProbeRequirement) for r in policy.requirements):
+            raise RequestParamError(
+                f"policy {policy.name!r} selects with the probe, which this server cannot run: "
+                f"{self.facts.visible_keys_refusal}"
+            )
         if getattr(policy, "needs_tokens", False) and not self.facts.has_tokenizer:
             raise RequestParamError(f"policy {policy.name!r} selects by token class, but the server has no tokenizer")
         if getattr(policy, "needs_token_counts", False) and not self.facts.has_token_counts:

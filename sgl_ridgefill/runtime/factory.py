@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..attention.backends import advice
-from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, capability
+from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability
 from ..config import ServerConfig
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import Admitter, ServerFacts
@@ -165,7 +165,15 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
             backend, HIDDEN_KEYS_IN_EXTEND
         ):
             refusal = "with --enable-mixed-chunk its decode rows run inside prefill batches, which cannot hide them"
-        rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal)
+        hiding = None
+        if not capability(backend, VISIBLE_KEYS):
+            page = getattr(getattr(backend, "prefill_backend", backend), "page_size", None)
+            hiding = f"the attention backend cannot hide keys from a pass at page size {page} (use --page-size 1)"
+        rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal, visible_keys_refusal=hiding)
+        policy = rt.admitter.policy
+        split = rt.config.split or (policy.split if policy is not None else None) or rt.admitter.facts.default_split
+        if policy is not None and policy.has_selection() and split is not None:
+            rt.admitter.check_policy(policy, split)  # a server policy this backend cannot run stops the server
     if rt.disabled is not None:
         logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", rt.disabled)
 

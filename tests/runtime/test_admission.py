@@ -114,6 +114,16 @@ def test_nofill_runs_only_where_the_decode_backend_hides_filled_rows():
     assert p.cache_mode == "no_insert"  # C6: its upper layers hold nothing for the prefix: never shared
 
 
+def test_the_probe_is_refused_where_keys_cannot_be_hidden():
+    probe = _policy('policy "probe" { split 12 select top(probe(rows=64), 10%) }')
+    facts = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, visible_keys_refusal="page size 4")
+    admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), facts, policy=probe, policies={"probe": probe})
+    with pytest.raises(RequestParamError, match="policy 'probe' selects with the probe, which this server cannot run: page size 4"):
+        admit(admitter, {})
+    with pytest.raises(RequestParamError, match="the nofill arm cannot run on this server: page size 4"):
+        admit(Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", diagnostics=True), facts), {"arm": "nofill"})
+
+
 def test_splice_is_a_diagnostic_of_the_filled_arms():
     admitter = _admitter(diagnostics=True)
     assert plan(admitter, {"splice": "keys"}).namespace != plan(admitter, {}).namespace
