@@ -133,3 +133,18 @@ def test_bad_parameter_fails_that_request_only(engine_run):
     _, got = by_name["bad_param"]
     assert "error" in got and "arm" in got["error"] and "bogus" in got["error"]
     assert by_name["repeat"][1]["top"] == by_name["ridgefill"][1]["top"]  # served after the error, deterministic
+
+
+def test_every_response_says_what_ran(engine_run):
+    """meta_info["ridgefill"]: what ran, with its row counts, or why the request ran exactly."""
+    _, by_name = engine_run
+    meta = {name: got["ridgefill"] for name, (_, got) in by_name.items() if "error" not in got}
+    exact_rows = len(every_kth_row(7, 0, N - TAIL))
+    assert meta["ridgefill"]["ran"] and meta["ridgefill"]["arm"] == "ridgefill"
+    assert (meta["ridgefill"]["prompt"], meta["ridgefill"]["tail"], meta["ridgefill"]["exact"]) == (N, TAIL, 0)
+    assert meta["ridgefill"]["filled"] == N - TAIL
+    assert meta["exact_rows"]["exact"] == exact_rows and meta["exact_rows"]["filled"] == N - TAIL - exact_rows
+    assert meta["identity"]["arm"] == "identity" and meta["nofill"]["filled"] == 0
+    assert meta["batch[1]"] == {"ran": False, "reason": "the request asked for exact prefill"}
+    assert meta["short_prompt"] == {"ran": False, "reason": f"the prompt (10 tokens) is not longer than the tail ({TAIL})"}
+    assert meta["cache_hit"]["ran"] and meta["cache_hit"]["cached"] == by_name["cache_hit"][1]["cached_tokens"]
