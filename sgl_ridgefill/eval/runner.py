@@ -80,7 +80,7 @@ def stable_seed(name: str) -> int:
 
 
 class RanExact(RuntimeError):
-    """A RidgeFill arm came back bit-identical to the exact arm: the server did not fill."""
+    """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 
 
 def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
@@ -91,6 +91,14 @@ def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_ne
     start = time.perf_counter()
     out = client.generate(body)
     return out, time.perf_counter() - start
+
+
+def _check_ran(arm: str, item: str, out: dict) -> None:
+    """A RidgeFill arm the server says it ran exactly (``meta_info["ridgefill"]``) stops the run: its results
+    would measure exact prefill under a RidgeFill label."""
+    ran = (out.get("meta_info") or {}).get("ridgefill")
+    if arm not in (A.EXACT, A.CUT) and isinstance(ran, dict) and ran.get("ran") is False:
+        raise RanExact(f"{item}: the server ran the {arm} arm exactly: {ran.get('reason')}")
 
 
 def _fingerprint(out: dict) -> str:
@@ -141,6 +149,7 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
     custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length),
                           seed=stable_seed(sample.id))
     out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
+    _check_ran(arm, sample.id, out)
     text = out.get("text", "")
     store.add({
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
@@ -178,6 +187,7 @@ def run_loss(client: Client, store: ResultStore, doc, arm: str, plan: EvalPlan) 
                           seed=stable_seed(doc.id))
     out, seconds = _generate(client, ids, custom, max_new_tokens=1, return_logprob=True, logprob_start_len=start,
                              top_logprobs_num=TOP_LOGPROBS)
+    _check_ran(arm, doc.id, out)
     scores = TokenScores.from_meta_info(out["meta_info"], boundary)
     exact = exact_scores.get((length, doc.id))
     if arm == A.EXACT:

@@ -94,3 +94,19 @@ def test_lengths_must_fit_the_context_and_exceed_the_tail():
         _check_lengths((8160,), 1024, config, ("niah_single", "cwe"))
     with pytest.raises(SystemExit, match="--lengths 1024: not longer than the tail"):
         _check_lengths((1024, 4096), 1024, config, ("niah_single",))
+
+
+def test_a_ridgefill_arm_the_server_ran_exactly_stops_the_run():
+    """meta_info["ridgefill"] says when a server ran a RidgeFill arm exactly (a backend that cannot run it, a
+    prompt no longer than the tail); its results would measure exact prefill under a RidgeFill label."""
+    import pytest
+
+    from sgl_ridgefill.eval import arms as A
+    from sgl_ridgefill.eval.runner import RanExact, _check_ran
+
+    declined = {"meta_info": {"ridgefill": {"ran": False, "reason": "the attention backend (X) cannot run exact rows"}}}
+    with pytest.raises(RanExact, match=r"s1: the server ran the ridgefill arm exactly: the attention backend \(X\)"):
+        _check_ran(A.RIDGEFILL, "s1", declined)
+    _check_ran(A.EXACT, "s1", declined)  # the exact arm is meant to
+    _check_ran(A.RIDGEFILL, "s1", {"meta_info": {"ridgefill": {"ran": True}}})
+    _check_ran(A.RIDGEFILL, "s1", {"meta_info": {}})  # a server that does not report: the bit-identity check remains
