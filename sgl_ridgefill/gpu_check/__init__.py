@@ -18,8 +18,9 @@ there is one:
   layers on the same rows;
 - ``maps_int8``, ``attention_stats``: the int8 map kernel and the attention statistics likewise.
 
-The one prepared command for the GPU machine (under 8 minutes on an H200; ``.gpucheck/`` is git-ignored,
-so a copy of the checkout must carry it explicitly)::
+The one prepared command for the GPU machine (sized for under 8 minutes on an H200: ``--budget-s``, default
+420, stops starting new cases; ``.gpucheck/`` is git-ignored, so a copy of the checkout must carry it
+explicitly)::
 
     # once, where SGLang 0.5.23 is installed:
     python -m sgl_ridgefill.gpu_check --copy-sgl-files .gpucheck/sgl_files
