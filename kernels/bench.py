@@ -1,45 +1,36 @@
 """Micro-benchmark of the kernels: ``python -m sgl_ridgefill.kernels.bench [--help]``.
 
-Times the PyTorch references (and, with CUDA, the Triton kernels) of the map application (bf16 and
-int8 maps), the fill of keys and values, and the attention statistics; prints achieved GFLOP/s and, on
-CUDA, the fraction of the device's dense bf16 matrix throughput. ``--int8-error`` also reports how far
-the group-wise int8 maps of :mod:`sgl_ridgefill.kernels.quant` are from the float maps.
+Times the map application (bf16 and int8 maps) and the attention statistics: on CPU their PyTorch
+references, on CUDA the Triton kernels against ``torch.addmm`` (the maps' candidates of
+:mod:`sgl_ridgefill.kernels.choose`) and the attention reference; prints achieved GFLOP/s and, on CUDA, the
+fraction of the device's dense bf16 matrix throughput. ``--int8-error`` also reports how far the group-wise
+int8 maps of :mod:`sgl_ridgefill.kernels.quant` are from the float maps.
 
 CPU defaults are small (a few hundred rows) so the whole run takes well under a minute on two cores;
-``--rows 8192 16384`` gives the sizes of the project's GPU issue.
+``--rows 8192 16384`` gives the sizes of the project's GPU issue. ``python -m sgl_ridgefill.gpu_check``
+is the fuller GPU check (errors, the planner, SGLang's attention kernel, a JSON report).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Callable
 
 import torch
 
 from sgl_ridgefill.kernels.attention_stats import attention_received
-from sgl_ridgefill.kernels.fill_kv import fill_kv
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8
 from sgl_ridgefill.kernels.quant import DEFAULT_GROUP_SIZE, dequantize_int8_groupwise, quantize_int8_groupwise
+from sgl_ridgefill.kernels.timing import median_ms
 
 # Dense bf16 tensor-core peak (no sparsity), TFLOP/s, by a substring of the device name.
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0}
 
 
 def _seconds(device: torch.device, repeat: int, fn: Callable[..., object], *args: object, **kwargs: object) -> float:
-    """Best wall time of ``repeat`` calls of ``fn(*args, **kwargs)`` after one warm-up (which also compiles
+    """Median time of ``repeat`` calls of ``fn(*args, **kwargs)`` after one warm-up (which also compiles
     Triton kernels)."""
-    fn(*args, **kwargs)
-    best = float("inf")
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn(*args, **kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return median_ms(lambda: fn(*args, **kwargs), device=device, warmup=1, repeats=repeat) / 1e3
 
 
 def _peak_tflops(device: torch.device, override: float | None) -> float | None:
@@ -77,25 +68,6 @@ def bench_maps(args: argparse.Namespace, device: torch.device, backends: list[st
                 xb = x.to(torch.bfloat16)
                 t = _seconds(device, args.repeat, apply_map_int8, xb, q, scale, b, DEFAULT_GROUP_SIZE, backend=backend)
                 _report(f"map-int8 {backend:<9} bf16 x rows={rows} d={d}", flops, t, peak, True)
-
-
-def bench_fill_kv(args: argparse.Namespace, device: torch.device, backends: list[str], peak: float | None) -> None:
-    """Input norm + K and V projections of filled rows (GQA with 8 KV heads of 128, or 2 of 64)."""
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    for d in args.dims:
-        head_dim, n_kv = (128, 8) if d >= 2048 else (64, 2)
-        w_k = (torch.randn(n_kv * head_dim, d, generator=gen) / d**0.5).to(device, torch.bfloat16)
-        w_v = (torch.randn(n_kv * head_dim, d, generator=gen) / d**0.5).to(device, torch.bfloat16)
-        norm_w = torch.ones(d, dtype=torch.bfloat16, device=device)
-        k_norm = torch.ones(head_dim, dtype=torch.bfloat16, device=device)
-        for rows in args.rows:
-            x = torch.randn(rows, d, generator=gen).to(device, torch.bfloat16)
-            flops = 2.0 * 2 * rows * d * n_kv * head_dim
-            for backend in backends:
-                t = _seconds(
-                    device, args.repeat, fill_kv, x, norm_w, 1e-6, w_k, w_v, k_norm_weight=k_norm, backend=backend
-                )
-                _report(f"fill-kv {backend:<9} bf16 rows={rows} d={d} kv={n_kv}x{head_dim}", flops, t, peak, True)
 
 
 def bench_attention(args: argparse.Namespace, device: torch.device, backends: list[str], peak: float | None) -> None:
@@ -143,7 +115,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dims", type=int, nargs="+", default=[896, 4096], help="hidden sizes d (default: 896 4096)")
     parser.add_argument("--queries", type=int, default=64, help="query rows of the attention statistics (default: 64)")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per case, best kept (default: 3)")
-    parser.add_argument("--only", choices=["maps", "fill-kv", "attention"], nargs="+", help="run only these parts")
+    parser.add_argument("--only", choices=["maps", "attention"], nargs="+", help="run only these parts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the device, if not in the built-in table")
     parser.add_argument("--int8-error", action="store_true", help="also report int8 map errors at each --dims size")
@@ -159,17 +131,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     device = torch.device(args.device)
-    backends = ["reference", "triton"] if device.type == "cuda" else ["reference"]
+    on_cuda = device.type == "cuda"
     peak = _peak_tflops(device, args.peak_tflops)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device: {name}; rows {args.rows}; d {args.dims}; best of {args.repeat}", flush=True)
-    parts = args.only or ["maps", "fill-kv", "attention"]
+    parts = args.only or ["maps", "attention"]
     if "maps" in parts:
-        bench_maps(args, device, backends, peak)
-    if "fill-kv" in parts:
-        bench_fill_kv(args, device, backends, peak)
+        bench_maps(args, device, ["torch", "triton"] if on_cuda else ["reference"], peak)
     if "attention" in parts:
-        bench_attention(args, device, backends, peak)
+        bench_attention(args, device, ["reference", "triton"] if on_cuda else ["reference"], peak)
     if args.int8_error:
         for d in args.dims:
             errors = int8_error(d)

@@ -1,20 +1,31 @@
-"""The map application ``x̂_l = A_l · x_S + b_l``, for one upper layer or all of them at once.
+"""The map application ``x̂_l = A_l · x_S + b_l`` of one upper layer.
 
 Row convention: every tensor holds one token per row, so for a block of rows the product is
 ``x̂ = x_split · Aᵀ + b``. Maps come in float (bf16/fp16/fp32) or in the group-wise int8 layout of
-:mod:`sgl_ridgefill.kernels.quant`. Each entry point has a PyTorch reference (the CPU path and the test
-oracle) and dispatches to the Triton kernels of :mod:`sgl_ridgefill.kernels.map_apply_triton` on CUDA
-tensors or when ``backend="triton"``. Both accumulate in float32 and return ``x_split.dtype``.
+:mod:`sgl_ridgefill.kernels.quant`. Each entry point has three backends, all accumulating in float32 and
+returning ``x_split.dtype``:
+
+- ``"reference"``: a float32 ``addmm`` (the CPU path and the test oracle);
+- ``"triton"``: the kernels of :mod:`sgl_ridgefill.kernels.map_apply_triton` (int8 maps dequantised in
+  registers);
+- ``"torch"``: ``torch.addmm`` in the inputs' dtype (cuBLAS on CUDA); int8 maps are first dequantised to
+  ``x_split.dtype``.
+
+``"auto"`` is Triton on CUDA tensors and the reference elsewhere. Which of Triton and cuBLAS is faster on a
+given GPU is measured, not assumed: the runtime passes the backend :mod:`sgl_ridgefill.kernels.choose`
+measured at startup. One launch per upper layer: predicting every upper layer at once would hold
+``layers x rows x d`` predictions (3.2 GB for a 7B model at 32K rows) for no fewer FLOPs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sgl_ridgefill.kernels.backend import check_same_device, dot_in_fp32, interpreter_active, use_triton
+from sgl_ridgefill.kernels.backend import BACKENDS, check_same_device, dot_in_fp32, interpreter_active, use_triton
 from sgl_ridgefill.kernels.quant import _check_group_size, dequantize_int8_groupwise
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAP_BACKENDS = ("auto", "triton", "torch", "reference")
 
 
 def __getattr__(name: str) -> object:
@@ -34,14 +45,12 @@ def _check_float(where: str, name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{where}: {name} must be bf16, fp16 or fp32, got {t.dtype}")
 
 
-def _check_maps(where: str, x_split: torch.Tensor, A: torch.Tensor, b: torch.Tensor, stacked: bool) -> None:
-    """Shapes: ``x_split: [rows, d_in]``, ``A: [(layers,) d_out, d_in]``, ``b: [(layers,) d_out]``."""
+def _check_maps(where: str, x_split: torch.Tensor, A: torch.Tensor, b: torch.Tensor) -> None:
+    """Shapes: ``x_split: [rows, d_in]``, ``A: [d_out, d_in]``, ``b: [d_out]``."""
     if x_split.dim() != 2:
         raise ValueError(f"{where}: x_split must be [rows, d_in], got shape {tuple(x_split.shape)}")
-    want = 3 if stacked else 2
-    if A.dim() != want:
-        layout = "[layers, d_out, d_in]" if stacked else "[d_out, d_in]"
-        raise ValueError(f"{where}: the map must be {layout}, got shape {tuple(A.shape)}")
+    if A.dim() != 2:
+        raise ValueError(f"{where}: the map must be [d_out, d_in], got shape {tuple(A.shape)}")
     if A.shape[-1] != x_split.shape[1]:
         raise ValueError(
             f"{where}: the map takes d_in={A.shape[-1]} columns but x_split has {x_split.shape[1]} "
@@ -54,7 +63,7 @@ def _check_maps(where: str, x_split: torch.Tensor, A: torch.Tensor, b: torch.Ten
 
 
 def _check_int8(where: str, q: torch.Tensor, scale: torch.Tensor, group_size: int) -> None:
-    """``q: [(layers,) d_out, d_in]`` int8, ``scale: [(layers,) d_out, ceil(d_in / group_size)]`` f32."""
+    """``q: [d_out, d_in]`` int8, ``scale: [d_out, ceil(d_in / group_size)]`` f32."""
     _check_group_size(group_size)
     if q.dtype != torch.int8:
         raise ValueError(f"{where}: q must be int8, got {q.dtype}")
@@ -88,7 +97,7 @@ def apply_map_reference(
     Computes ``x_split · Aᵀ + b`` with a float32 ``addmm`` (half inputs are upcast first). ``out``, when
     given, must be ``[rows, d_out]`` in ``x_split.dtype`` and is written and returned.
     """
-    _check_maps("apply_map_reference", x_split, A, b, stacked=False)
+    _check_maps("apply_map_reference", x_split, A, b)
     _check_float("apply_map_reference", "A", A)
     shape = (x_split.shape[0], A.shape[0])
     if out is not None:
@@ -107,13 +116,22 @@ def apply_map_int8_reference(
 ) -> torch.Tensor:
     """``x_split: [rows, d_in]``, ``q: [d_out, d_in]`` int8, ``scale: [d_out, n_groups]`` f32, ``b: [d_out]``
     -> ``[rows, d_out]`` in ``x_split.dtype``: the float32 map dequantised, then :func:`apply_map_reference`."""
-    _check_maps("apply_map_int8_reference", x_split, q, b, stacked=False)
+    _check_maps("apply_map_int8_reference", x_split, q, b)
     _check_int8("apply_map_int8_reference", q, scale, group_size)
     A = dequantize_int8_groupwise(q, scale, group_size, dtype=torch.float32)
     return apply_map_reference(x_split, A, b)
 
 
 # ------------------------------------------------------------------------------------------ dispatch
+
+
+def resolve_map_backend(backend: str, *tensors: torch.Tensor, where: str) -> str:
+    """``"triton"``, ``"torch"`` or ``"reference"`` for a call on ``tensors``; ``where`` names the entry point."""
+    if backend == "torch":
+        return backend
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}: backend must be one of {MAP_BACKENDS}, got {backend!r}")
+    return "triton" if use_triton(backend, *tensors, where=where) else "reference"
 
 
 def apply_map(
@@ -126,32 +144,24 @@ def apply_map(
 ) -> torch.Tensor:
     """``x_split: [rows, d_in]``, ``A: [d_out, d_in]``, ``b: [d_out]`` -> ``[rows, d_out]`` in ``x_split.dtype``.
 
-    ``backend``: ``"auto"`` (Triton on CUDA tensors, the reference elsewhere), ``"triton"`` or
-    ``"reference"``. Inputs may be strided views (for example every other row of a hidden-state buffer).
+    ``backend``: one of :data:`MAP_BACKENDS` (module docstring). Inputs may be strided views (for example
+    every other row of a hidden-state buffer); ``out``, when given, is written and returned.
     """
     where = "apply_map"
-    _check_maps(where, x_split, A, b, stacked=False)
+    _check_maps(where, x_split, A, b)
     _check_float(where, "A", A)
     check_same_device(where, x_split=x_split, A=A, b=b)
-    if not use_triton(backend, x_split, A, b, where=where):
+    chosen = resolve_map_backend(backend, x_split, A, b, where=where)
+    shape = (x_split.shape[0], A.shape[0])
+    if out is not None:
+        _check_out(where, out, shape, x_split)
+    if chosen == "reference" or (chosen == "torch" and not x_split.dtype == A.dtype == b.dtype):
+        # Mixed dtypes have no single cuBLAS dtype: the float32 reference is the torch path for them.
         return apply_map_reference(x_split, A, b, out=out)
+    if chosen == "torch":
+        return torch.addmm(b, x_split, A.t(), out=out) if out is not None else torch.addmm(b, x_split, A.t())
     if out is None:
-        out = torch.empty(x_split.shape[0], A.shape[0], dtype=x_split.dtype, device=x_split.device)
-    _check_out(where, out, (x_split.shape[0], A.shape[0]), x_split)
-    _launch(x_split, A.unsqueeze(0), None, b.unsqueeze(0), out.unsqueeze(0), group_size=None)
-    return out
-
-
-def apply_maps(x_split: torch.Tensor, A: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """All upper layers in one launch: ``x_split: [rows, d_in]``, ``A: [layers, d_out, d_in]``,
-    ``b: [layers, d_out]`` -> ``[layers, rows, d_out]`` in ``x_split.dtype``."""
-    where = "apply_maps"
-    _check_maps(where, x_split, A, b, stacked=True)
-    _check_float(where, "A", A)
-    check_same_device(where, x_split=x_split, A=A, b=b)
-    if not use_triton(backend, x_split, A, b, where=where):
-        return torch.stack([apply_map_reference(x_split, A[i], b[i]) for i in range(A.shape[0])])
-    out = torch.empty(A.shape[0], x_split.shape[0], A.shape[1], dtype=x_split.dtype, device=x_split.device)
+        out = torch.empty(shape, dtype=x_split.dtype, device=x_split.device)
     _launch(x_split, A, None, b, out, group_size=None)
     return out
 
@@ -166,37 +176,19 @@ def apply_map_int8(
     backend: str = "auto",
 ) -> torch.Tensor:
     """``x_split: [rows, d_in]``, ``q: [d_out, d_in]`` int8, ``scale: [d_out, n_groups]`` f32, ``b: [d_out]``
-    -> ``[rows, d_out]`` in ``x_split.dtype``; the Triton kernel dequantises in registers."""
+    -> ``[rows, d_out]`` in ``x_split.dtype``. Triton dequantises in registers; ``"torch"`` dequantises the
+    map to ``x_split.dtype`` (``d_out x d_in`` elements, once per call) and multiplies with ``torch.addmm``."""
     where = "apply_map_int8"
-    _check_maps(where, x_split, q, b, stacked=False)
+    _check_maps(where, x_split, q, b)
     _check_int8(where, q, scale, group_size)
     check_same_device(where, x_split=x_split, q=q, scale=scale, b=b)
-    if not use_triton(backend, x_split, q, scale, b, where=where):
+    chosen = resolve_map_backend(backend, x_split, q, scale, b, where=where)
+    if chosen == "reference":
         return apply_map_int8_reference(x_split, q, scale, b, group_size)
+    if chosen == "torch":
+        A = dequantize_int8_groupwise(q, scale, group_size, dtype=x_split.dtype)
+        return torch.addmm(b.to(x_split.dtype), x_split, A.t())
     out = torch.empty(x_split.shape[0], q.shape[0], dtype=x_split.dtype, device=x_split.device)
-    _launch(x_split, q.unsqueeze(0), scale.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), group_size=group_size)
-    return out
-
-
-def apply_maps_int8(
-    x_split: torch.Tensor,
-    q: torch.Tensor,
-    scale: torch.Tensor,
-    b: torch.Tensor,
-    group_size: int,
-    *,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """All upper layers in one launch: ``q: [layers, d_out, d_in]`` int8, ``scale: [layers, d_out, n_groups]``
-    f32, ``b: [layers, d_out]`` -> ``[layers, rows, d_out]`` in ``x_split.dtype``."""
-    where = "apply_maps_int8"
-    _check_maps(where, x_split, q, b, stacked=True)
-    _check_int8(where, q, scale, group_size)
-    check_same_device(where, x_split=x_split, q=q, scale=scale, b=b)
-    if not use_triton(backend, x_split, q, scale, b, where=where):
-        maps = range(q.shape[0])
-        return torch.stack([apply_map_int8_reference(x_split, q[i], scale[i], b[i], group_size) for i in maps])
-    out = torch.empty(q.shape[0], x_split.shape[0], q.shape[1], dtype=x_split.dtype, device=x_split.device)
     _launch(x_split, q, scale, b, out, group_size=group_size)
     return out
 
@@ -231,44 +223,43 @@ def _launch(
     *,
     group_size: int | None,
 ) -> None:
-    """Launch one of the map kernels over ``layers = a.shape[0]`` maps.
+    """Launch one of the map kernels.
 
-    ``x: [rows, d_in]``, ``a: [layers, d_out, d_in]`` (float, or int8 with ``scale: [layers, d_out,
-    n_groups]`` f32), ``b: [layers, d_out]``, ``out: [layers, rows, d_out]``. Any strides are accepted;
-    the public entry points have checked shapes, dtypes and devices, so violations here are bugs.
+    ``x: [rows, d_in]``, ``a: [d_out, d_in]`` (float, or int8 with ``scale: [d_out, n_groups]`` f32),
+    ``b: [d_out]``, ``out: [rows, d_out]``. Any strides are accepted; the public entry points have checked
+    shapes, dtypes and devices, so violations here are bugs.
     """
     from sgl_ridgefill.kernels import map_apply_triton as kernels
 
-    layers, d_out, d_in = a.shape
+    d_out, d_in = a.shape
     rows = x.shape[0]
-    assert x.shape == (rows, d_in), f"x {tuple(x.shape)} does not match the maps {tuple(a.shape)}"
-    assert b.shape == (layers, d_out), f"b {tuple(b.shape)} does not match the maps {tuple(a.shape)}"
-    assert out.shape == (layers, rows, d_out), f"out {tuple(out.shape)}, expected {(layers, rows, d_out)}"
+    assert x.shape == (rows, d_in), f"x {tuple(x.shape)} does not match the map {tuple(a.shape)}"
+    assert b.shape == (d_out,), f"b {tuple(b.shape)} does not match the map {tuple(a.shape)}"
+    assert out.shape == (rows, d_out), f"out {tuple(out.shape)}, expected {(rows, d_out)}"
     assert out.dtype == x.dtype, f"out is {out.dtype} but x is {x.dtype}"
     assert all(s >= 0 for t in (x, a, b, out) for s in t.stride()), "negative strides are not supported"
-    if rows == 0 or d_out == 0 or layers == 0:
+    if rows == 0 or d_out == 0:
         return
     config = _tile_config(group_size)
-    grid = (-(-rows // config["BLOCK_M"]) * -(-d_out // config["BLOCK_N"]), layers)
+    grid = (-(-rows // config["BLOCK_M"]) * -(-d_out // config["BLOCK_N"]),)
     common = dict(rows=rows, d_in=d_in, d_out=d_out)
     strides = dict(
-        stride_xm=x.stride(0), stride_xk=x.stride(1),
-        stride_bl=b.stride(0), stride_bn=b.stride(1),
-        stride_ol=out.stride(0), stride_om=out.stride(1), stride_on=out.stride(2),
+        stride_xm=x.stride(0), stride_xk=x.stride(1), stride_bn=b.stride(0),
+        stride_om=out.stride(0), stride_on=out.stride(1),
     )
     if group_size is None:
         assert a.dtype in FLOAT_DTYPES, f"float maps must be bf16/fp16/fp32, got {a.dtype}"
         kernels._map_kernel[grid](
             x, a, b, out, **common, **strides,
-            stride_al=a.stride(0), stride_an=a.stride(1), stride_ak=a.stride(2),
+            stride_an=a.stride(0), stride_ak=a.stride(1),
             DOT_FP32=dot_in_fp32(x.dtype, a.dtype), **config,
         )
         return
     assert a.dtype == torch.int8 and scale is not None and scale.dtype == torch.float32
-    assert scale.shape == (layers, d_out, -(-d_in // group_size)), f"scale {tuple(scale.shape)}"
+    assert scale.shape == (d_out, -(-d_in // group_size)), f"scale {tuple(scale.shape)}"
     kernels._map_int8_kernel[grid](
         x, a, scale, b, out, **common, **strides,
-        stride_ql=a.stride(0), stride_qn=a.stride(1), stride_qk=a.stride(2),
-        stride_sl=scale.stride(0), stride_sn=scale.stride(1), stride_sg=scale.stride(2),
+        stride_qn=a.stride(0), stride_qk=a.stride(1),
+        stride_sn=scale.stride(0), stride_sg=scale.stride(1),
         GROUP_SIZE=group_size, DOT_FP32=dot_in_fp32(x.dtype), **config,
     )

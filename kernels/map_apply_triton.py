@@ -1,12 +1,11 @@
-"""Triton kernels for the map application ``out[l] = X · A[l]ᵀ + b[l]`` (bf16/fp16/fp32 and int8 maps).
+"""Triton kernels for the map application ``out = X · Aᵀ + b`` (bf16/fp16/fp32 and int8 maps).
 
 This module imports ``triton`` at the top: load it only through the launchers in
 :mod:`sgl_ridgefill.kernels.map_apply`, which own the layout contract and check every shape, stride and
 dtype before a launch.
 
-Both kernels are one tiled GEMM with float32 accumulation. Axis 0 of the grid walks the output tiles of
-one map (grouped so that ``GROUP_M`` row tiles reuse a column panel of ``A`` from L2), axis 1 walks the
-maps (upper layers): every upper layer reads the same split state, so one launch fills all of them.
+Both kernels are one tiled GEMM with float32 accumulation. The grid walks the output tiles, grouped so
+that ``GROUP_M`` row tiles reuse a column panel of ``A`` from L2.
 """
 
 from __future__ import annotations
@@ -40,11 +39,10 @@ def _dot(x, a, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _store_tile(out_ptr, acc, b_ptr, layer, offs_m, offs_n, m_ok, n_ok,
-                stride_bl, stride_bn, stride_ol, stride_om, stride_on):
-    bias = tl.load(b_ptr + layer * stride_bl + offs_n * stride_bn, mask=n_ok, other=0).to(tl.float32)
+def _store_tile(out_ptr, acc, b_ptr, offs_m, offs_n, m_ok, n_ok, stride_bn, stride_om, stride_on):
+    bias = tl.load(b_ptr + offs_n * stride_bn, mask=n_ok, other=0).to(tl.float32)
     acc += bias[None, :]
-    out_ptrs = out_ptr + layer * stride_ol + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -53,17 +51,15 @@ def _map_kernel(
     x_ptr, a_ptr, b_ptr, out_ptr,
     rows, d_in, d_out,
     stride_xm, stride_xk,
-    stride_al, stride_an, stride_ak,
-    stride_bl, stride_bn,
-    stride_ol, stride_om, stride_on,
+    stride_an, stride_ak,
+    stride_bn,
+    stride_om, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """``x: [rows, d_in]``, ``a: [layers, d_out, d_in]`` float, ``b: [layers, d_out]``
-    -> ``out: [layers, rows, d_out]``."""
+    """``x: [rows, d_in]``, ``a: [d_out, d_in]`` float, ``b: [d_out]`` -> ``out: [rows, d_out]``."""
     pid_m, pid_n = _tile_ids(rows, d_out, BLOCK_M, BLOCK_N, GROUP_M)
-    # int64 so that layer * stride and row * stride cannot wrap at 16K rows x 48 layers x d=5120.
-    layer = tl.program_id(1).to(tl.int64)
+    # int64 so that row * stride cannot wrap at 512K rows x d=4096.
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -72,7 +68,7 @@ def _map_kernel(
 
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     # A is read transposed, as a [BLOCK_K, BLOCK_N] tile of Aᵀ.
-    a_ptrs = a_ptr + layer * stride_al + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak
+    a_ptrs = a_ptr + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, d_in, BLOCK_K):
         k_ok = offs_k + k0 < d_in
@@ -81,8 +77,7 @@ def _map_kernel(
         acc += _dot(x, a, DOT_FP32)
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
-    _store_tile(out_ptr, acc, b_ptr, layer, offs_m, offs_n, m_ok, n_ok,
-                stride_bl, stride_bn, stride_ol, stride_om, stride_on)
+    _store_tile(out_ptr, acc, b_ptr, offs_m, offs_n, m_ok, n_ok, stride_bn, stride_om, stride_on)
 
 
 @triton.jit
@@ -90,18 +85,17 @@ def _map_int8_kernel(
     x_ptr, q_ptr, scale_ptr, b_ptr, out_ptr,
     rows, d_in, d_out,
     stride_xm, stride_xk,
-    stride_ql, stride_qn, stride_qk,
-    stride_sl, stride_sn, stride_sg,
-    stride_bl, stride_bn,
-    stride_ol, stride_om, stride_on,
+    stride_qn, stride_qk,
+    stride_sn, stride_sg,
+    stride_bn,
+    stride_om, stride_on,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """``x: [rows, d_in]``, ``q: [layers, d_out, d_in]`` int8, ``scale: [layers, d_out, n_groups]`` f32,
-    ``b: [layers, d_out]`` -> ``out: [layers, rows, d_out]``, with ``A = q * scale`` dequantised in registers."""
+    """``x: [rows, d_in]``, ``q: [d_out, d_in]`` int8, ``scale: [d_out, n_groups]`` f32, ``b: [d_out]``
+    -> ``out: [rows, d_out]``, with ``A = q * scale`` dequantised in registers."""
     pid_m, pid_n = _tile_ids(rows, d_out, BLOCK_M, BLOCK_N, GROUP_M)
-    layer = tl.program_id(1).to(tl.int64)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -109,8 +103,8 @@ def _map_int8_kernel(
     n_ok = offs_n < d_out
 
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    q_ptrs = q_ptr + layer * stride_ql + offs_n[None, :] * stride_qn + offs_k[:, None] * stride_qk
-    s_row = scale_ptr + layer * stride_sl + offs_n * stride_sn
+    q_ptrs = q_ptr + offs_n[None, :] * stride_qn + offs_k[:, None] * stride_qk
+    s_row = scale_ptr + offs_n * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, d_in, BLOCK_K):
         k_ok = offs_k + k0 < d_in
@@ -127,5 +121,4 @@ def _map_int8_kernel(
             acc += _dot(x, q.to(tl.float32) * s, DOT_FP32)
         x_ptrs += BLOCK_K * stride_xk
         q_ptrs += BLOCK_K * stride_qk
-    _store_tile(out_ptr, acc, b_ptr, layer, offs_m, offs_n, m_ok, n_ok,
-                stride_bl, stride_bn, stride_ol, stride_om, stride_on)
+    _store_tile(out_ptr, acc, b_ptr, offs_m, offs_n, m_ok, n_ok, stride_bn, stride_om, stride_on)

@@ -1,11 +1,13 @@
 """Random-weight benchmark artifacts: a model of a real shape and a maps folder for it.
 
 Speed does not depend on the weights, only on the shape, so TTFT can be measured without a model hub:
-``make_random_model`` writes an HF folder (bf16 safetensors) of the Qwen2-0.5B shape under a fixed seed,
-and ``make_near_identity_maps`` writes a valid maps folder for it (``A = I + noise``, ``b = 0``) with the
-model's own fingerprint, so a RidgeFill server accepts it. Neither says anything about quality.
+``make_random_model`` writes an HF folder (bf16 safetensors) of a Qwen2 or Llama shape (:data:`SHAPES`)
+under a fixed seed, and ``make_near_identity_maps`` writes a valid maps folder for it (``A = I + noise``,
+``b = 0``) with the model's own fingerprint, so a RidgeFill server accepts it. Neither says anything about
+quality.
 
     python -m sgl_ridgefill.bench.synthetic --out /tmp/rfbench          # model/ and maps-s12/
+    python -m sgl_ridgefill.bench.synthetic --out /tmp/rf8b --shape llama-3.1-8b --device cuda
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from collections.abc import Sequence
 import torch
 
 
+FAMILIES = ("qwen2", "llama")
+
+
 @dataclasses.dataclass(frozen=True)
 class RandomModelShape:
-    """The sizes of a Qwen2-family decoder (defaults: Qwen2-0.5B)."""
+    """The sizes of a Qwen2- or Llama-family decoder (defaults: Qwen2-0.5B)."""
 
     num_layers: int = 24
     hidden_size: int = 896
@@ -30,8 +35,13 @@ class RandomModelShape:
     intermediate_size: int = 4864
     vocab_size: int = 151936
     tie_word_embeddings: bool = True
+    family: str = "qwen2"
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"RandomModelShape.family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -43,6 +53,11 @@ class RandomModelShape:
 
 
 QWEN2_0_5B = RandomModelShape()
+LLAMA_3_1_8B = RandomModelShape(
+    num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=128256,
+    tie_word_embeddings=False, family="llama", rope_theta=500_000.0, max_position_embeddings=131072,
+)
+SHAPES = {"qwen2-0.5b": QWEN2_0_5B, "llama-3.1-8b": LLAMA_3_1_8B}
 
 
 def make_random_model(
@@ -51,17 +66,20 @@ def make_random_model(
     *,
     seed: int = 0,
     init_std: float = 0.05,
+    device: str = "cpu",
 ) -> pathlib.Path:
-    """Write a random-weight ``Qwen2ForCausalLM`` (bf16) to ``out_dir``; returns the folder.
+    """Write a random-weight ``Qwen2ForCausalLM`` or ``LlamaForCausalLM`` (bf16) to ``out_dir``; returns it.
 
     ``init_std`` is above HF's 0.02 so the residual stream moves from layer to layer (not needed for
     speed, but keeps outputs from collapsing to one token). No tokenizer: serve it with
-    ``--skip-tokenizer-init`` and send token ids.
+    ``--skip-tokenizer-init`` and send token ids. ``device="cuda"`` initialises the weights there in bf16
+    (an 8B model in seconds instead of 32 GB of float32 on the host; other weights than on CPU).
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[shape.family]
     out_dir = pathlib.Path(out_dir)
-    config = Qwen2Config(
+    config = config_class(
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers,
@@ -69,14 +87,23 @@ def make_random_model(
         num_key_value_heads=shape.num_kv_heads,
         vocab_size=shape.vocab_size,
         tie_word_embeddings=shape.tie_word_embeddings,
-        max_position_embeddings=32768,
-        rope_theta=1_000_000.0,
+        max_position_embeddings=shape.max_position_embeddings,
+        rope_theta=shape.rope_theta,
         initializer_range=init_std,
         bos_token_id=0,
         eos_token_id=1,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    if device == "cpu":
+        model = model_class(config).to(torch.bfloat16)
+    else:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                model = model_class(config)
+        finally:
+            torch.set_default_dtype(previous)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     return out_dir
@@ -96,11 +123,11 @@ def make_near_identity_maps(
     The fingerprint is the model's own, so a server started on ``model_dir`` loads the folder without a
     mismatch. The maps cost the same to apply as fitted ones (a dense ``d x d`` per upper layer).
     """
-    from transformers import Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from ..maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
 
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     config = model.config
     num_layers, d = config.num_hidden_layers, config.hidden_size
     if not 1 <= split < num_layers:
@@ -125,15 +152,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True, help="writes OUT/model and OUT/maps-s<split>")
     parser.add_argument("--split", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2-0.5b")
+    parser.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda: fast, for 8B)")
     args = parser.parse_args(argv)
-    model_dir = args.out / "model"
-    if not (model_dir / "config.json").is_file():
-        make_random_model(model_dir, seed=args.seed)
-    maps_dir = args.out / f"maps-s{args.split}"
-    if not (maps_dir / "manifest.json").is_file():
-        make_near_identity_maps(model_dir, maps_dir, split=args.split, seed=args.seed)
+    model_dir, maps_dir = make_model_and_maps(args.out, SHAPES[args.shape], split=args.split, seed=args.seed,
+                                              device=args.device)
     print(json.dumps({"model": str(model_dir), "maps": str(maps_dir)}))
     return 0
+
+
+def make_model_and_maps(
+    out: str | pathlib.Path, shape: RandomModelShape = QWEN2_0_5B, *, split: int = 12, seed: int = 0,
+    device: str = "cpu",
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """``OUT/model`` and ``OUT/maps-s<split>``, each made unless it is already there."""
+    model_dir = pathlib.Path(out) / "model"
+    if not (model_dir / "config.json").is_file():
+        make_random_model(model_dir, shape, seed=seed, device=device)
+    maps_dir = pathlib.Path(out) / f"maps-s{split}"
+    if not (maps_dir / "manifest.json").is_file():
+        make_near_identity_maps(model_dir, maps_dir, split=split, seed=seed)
+    return model_dir, maps_dir
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Start and stop an SGLang server on CPU from Python (the demo, benchmarks), waiting until it is healthy."""
+"""Start and stop an SGLang server from Python (the demo, benchmarks, the GPU check), waiting until it is
+healthy; by default the CPU launcher."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(
-    flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None
+    flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None,
+    command: list[str] | None = None,
 ):
     """Yield the base URL of ``python -m sgl_ridgefill.cpu.launch_server FLAGS``; stop it afterwards.
 
-    ``env``: the server's whole environment (default: this process's, set up for CPU)."""
+    ``env``: the server's whole environment (default: this process's, set up for CPU); ``command``: what
+    runs instead of the CPU launcher (``[python, "-m", "sglang.launch_server"]`` on a GPU machine)."""
     import requests
 
     port = free_port()
-    cmd = [sys.executable, "-m", "sgl_ridgefill.cpu.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
+    launcher = command or [sys.executable, "-m", "sgl_ridgefill.cpu.launch_server"]
+    cmd = [*launcher, *flags, "--host", "127.0.0.1", "--port", str(port)]
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, env=env or cpu_environment(), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

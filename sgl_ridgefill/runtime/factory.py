@@ -109,7 +109,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
 
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
-                         hidden_size=adapter.shape.hidden_size)
+                         hidden_size=adapter.shape.hidden_size, compute_dtype=inner.embed_tokens.weight.dtype)
     token_table = _token_table(runner)
     facts = ServerFacts(
         num_layers=adapter.shape.num_layers,

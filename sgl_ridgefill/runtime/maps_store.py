@@ -3,7 +3,8 @@
 Loaded once per scheduler process while the model loads, before SGLang sizes the KV pool, so the pool is
 sized around them; ``resident_bytes`` is what they cost. With ``--ridgefill-map-dtype int8`` the maps
 stay in their group-wise int8 layout (the map kernel dequantises inside the product), which halves their
-memory against bf16; other dtypes hold dequantised maps.
+memory against bf16; other dtypes hold dequantised maps. Whether the Triton map kernel or cuBLAS applies
+them is measured once per map shape at construction (``kernels/choose.py``; the reference off CUDA).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 
 import torch
 
+from ..kernels.choose import fastest_map_backend
 from ..kernels.map_apply import apply_map, apply_map_int8
 from ..maps import MapsError
 
@@ -20,9 +22,13 @@ logger = logging.getLogger(__name__)
 
 class MapsStore:
     """Per split: ``A`` ``[n_upper, d_out, d_in]`` and ``b`` ``[n_upper, d_out]`` in the compute dtype, or
-    with ``dtype=torch.int8`` the quantised ``q``, its float32 scales and a float32 ``b``."""
+    with ``dtype=torch.int8`` the quantised ``q``, its float32 scales and a float32 ``b``. ``compute_dtype``:
+    the dtype of the rows the maps are applied to (default: ``dtype``, bfloat16 for int8 maps)."""
 
-    def __init__(self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str, hidden_size: int):
+    def __init__(
+        self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str, hidden_size: int,
+        compute_dtype: torch.dtype | None = None,
+    ):
         if (folder.d_in, folder.d_out) != (hidden_size, hidden_size):
             raise MapsError(
                 f"maps folder {folder.path} maps {folder.d_in} -> {folder.d_out} features, but the served model's "
@@ -44,6 +50,13 @@ class MapsStore:
             else:
                 a, b = folder.load_split(split, dtype=dtype, device=device)
                 self._maps[split] = (a.contiguous(), b.to(dtype).contiguous())
+        self._backends = {
+            split: fastest_map_backend(
+                dtype, hidden_size, hidden_size, device=device, x_dtype=compute_dtype,
+                group_size=parts[3] if dtype == torch.int8 else None,
+            ).backend
+            for split, parts in self._maps.items()
+        }
 
     @property
     def splits(self) -> tuple[int, ...]:
@@ -63,9 +76,9 @@ class MapsStore:
         """``x̂_l = A_l x_S + b_l``; ``x_split``: ``[rows, d_in]`` -> ``[rows, d_out]`` in ``x_split``'s dtype."""
         parts = self._maps[split]
         j = layer_id - split
-        # Triton kernels on CUDA, the PyTorch references (float32 accumulation) elsewhere.
+        backend = self._backends[split]  # measured at construction
         if self.dtype == torch.int8:
             q, scale, b, group_size = parts
-            return apply_map_int8(x_split, q[j], scale[j], b[j].to(x_split.dtype), group_size)
+            return apply_map_int8(x_split, q[j], scale[j], b[j].to(x_split.dtype), group_size, backend=backend)
         a, b = parts
-        return apply_map(x_split, a[j], b[j])
+        return apply_map(x_split, a[j], b[j], backend=backend)

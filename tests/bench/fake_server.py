@@ -14,8 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeServer:
-    def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False, stream_tail_s: float = 0.0):
+    def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False, stream_tail_s: float = 0.0,
+                 output_ids: list[int] | None = None):
         self.model_path = model_path
+        self.output_ids = output_ids or [7]
         self.stream_tail_s = stream_tail_s
         self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
         self.abort = abort
@@ -83,7 +85,7 @@ class FakeServer:
                     fake.log.append(("generate", arm, ids, params))
                 time.sleep(fake.exact_s if arm == "exact" else fake.ridgefill_s)
                 finish = {"type": "abort", "message": "RidgeFill: bad"} if fake.abort else {"type": "length", "length": 1}
-                payload = {"output_ids": [7], "meta_info": {"cached_tokens": cached, "finish_reason": finish}}
+                payload = {"output_ids": fake.output_ids, "meta_info": {"cached_tokens": cached, "finish_reason": finish}}
                 if body.get("stream"):
                     # Server-sent events, as SGLang streams them: the first chunk, then a slow tail.
                     self.send_response(200)

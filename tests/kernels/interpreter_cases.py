@@ -18,24 +18,12 @@ from typing import Callable
 import torch
 
 from sgl_ridgefill.kernels.attention_stats import attention_received, attention_received_reference
-from sgl_ridgefill.kernels.fill_kv import fill_kv, fill_kv_reference
-from sgl_ridgefill.kernels.map_apply import (
-    apply_map,
-    apply_map_int8,
-    apply_map_int8_reference,
-    apply_map_reference,
-    apply_maps,
-    apply_maps_int8,
-)
+from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8, apply_map_int8_reference, apply_map_reference
 from sgl_ridgefill.kernels.quant import quantize_int8_groupwise
-from sgl_ridgefill.kernels.rms_norm import rms_norm, rms_norm_reference
 
 T = "triton"
 Case = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 CASES: dict[str, Case] = {}
-# Cases whose output passes through several roundings: a one-step difference early on can grow
-# (cancellation in a later projection), so only the error relative to the largest entry applies.
-CHAINED = {"fill_kv_bf16_bias_and_k_norm"}
 
 
 def case(fn: Case) -> Case:
@@ -91,15 +79,6 @@ def map_mixed_fp32_x_bf16_map() -> tuple[torch.Tensor, torch.Tensor]:
     return apply_map(x, A.bfloat16(), b, backend=T), apply_map_reference(x, A.bfloat16(), b)
 
 
-@case
-def maps_stacked_bf16_3_layers() -> tuple[torch.Tensor, torch.Tensor]:
-    x, _, _ = _map_inputs(37, 80, 96, torch.bfloat16)
-    g = _gen(1)
-    A = (torch.randn(3, 96, 80, generator=g) / 9).bfloat16()
-    b = torch.randn(3, 96, generator=g).bfloat16()
-    want = torch.stack([apply_map_reference(x, A[i], b[i]) for i in range(3)])
-    return apply_maps(x, A, b, backend=T), want
-
 
 # ------------------------------------------------------------------------------------------- int8 maps
 
@@ -129,16 +108,6 @@ def int8_group48_block16_fp32() -> tuple[torch.Tensor, torch.Tensor]:
 def int8_group128_wider_than_d_fp32() -> tuple[torch.Tensor, torch.Tensor]:
     return _int8_case(37, 96, 128, torch.float32)
 
-
-@case
-def int8_stacked_2_layers_bf16() -> tuple[torch.Tensor, torch.Tensor]:
-    x, _, _ = _map_inputs(37, 96, 80, torch.bfloat16)
-    A = torch.randn(2, 80, 96, generator=_gen(2)) / 10
-    pairs = [quantize_int8_groupwise(A[i], 32) for i in range(2)]
-    q, scale = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    b = torch.randn(2, 80, generator=_gen(3)).bfloat16()
-    want = torch.stack([apply_map_int8_reference(x, q[i], scale[i], b[i], 32) for i in range(2)])
-    return apply_maps_int8(x, q, scale, b, 32, backend=T), want
 
 
 # ------------------------------------------------------------------------------------ attention stats
@@ -181,32 +150,6 @@ def attention_strided_unsorted_and_blind_queries() -> tuple[torch.Tensor, torch.
     return attention_received(q, k, q_pos, k_pos, 0.2, backend=T), attention_received_reference(q, k, q_pos, k_pos, 0.2)
 
 
-# ------------------------------------------------------------------------------------- norm and fill
-
-
-@case
-def rms_norm_bf16_strided_d100() -> tuple[torch.Tensor, torch.Tensor]:
-    g = _gen(8)
-    x = torch.randn(37, 200, generator=g)[:, ::2].bfloat16()
-    w = (torch.rand(100, generator=g) + 0.5).bfloat16()
-    return rms_norm(x, w, 1e-6, backend=T), rms_norm_reference(x, w, 1e-6)
-
-
-@case
-def fill_kv_bf16_bias_and_k_norm() -> tuple[torch.Tensor, torch.Tensor]:
-    g = _gen(9)
-    x_hat = torch.randn(37, 96, generator=g).bfloat16()
-    norm_w = (torch.rand(96, generator=g) + 0.5).bfloat16()
-    w_k = (torch.randn(2 * 40, 96, generator=g) * 0.1).bfloat16()
-    w_v = (torch.randn(2 * 40, 96, generator=g) * 0.1).bfloat16()
-    b_k = torch.randn(80, generator=g).bfloat16()
-    b_v = torch.randn(80, generator=g).bfloat16()
-    k_norm = (torch.rand(40, generator=g) + 0.5).bfloat16()
-    got = fill_kv(x_hat, norm_w, 1e-6, w_k, w_v, b_k, b_v, k_norm, backend=T)
-    want = fill_kv_reference(x_hat, norm_w, 1e-6, w_k, w_v, b_k, b_v, k_norm)
-    return torch.cat([got[0], got[1]], dim=1), torch.cat([want[0], want[1]], dim=1)
-
-
 # --------------------------------------------------------------------------------------------- runner
 
 
@@ -230,12 +173,11 @@ class _CountingKernel:
 
 
 def _instrument(record: dict) -> None:
-    from sgl_ridgefill.kernels import attention_stats_triton, map_apply_triton, rms_norm_triton
+    from sgl_ridgefill.kernels import attention_stats_triton, map_apply_triton
 
     for module, names in (
         (map_apply_triton, ("_map_kernel", "_map_int8_kernel")),
         (attention_stats_triton, ("_lse_kernel", "_received_kernel")),
-        (rms_norm_triton, ("_rms_norm_kernel",)),
     ):
         for name in names:
             setattr(module, name, _CountingKernel(getattr(module, name), record))
@@ -263,7 +205,6 @@ def main() -> None:
             "same_dtype": got.dtype == want.dtype and got.shape == want.shape,
             "err": float(diff.max() / want.double().abs().max().clamp_min(1e-30)),
             "ulps": float((diff / _ulp(want)).max()),
-            "one_rounding": name not in CHAINED,
             **record,
         }
         print(f"{name}: {results[name]}", file=sys.stderr)

@@ -33,8 +33,6 @@ def _variants() -> dict[str, tuple]:
         for name in ("_lse_kernel", "_received_kernel"):
             constexprs = dict(_ATTENTION_TILES, DOT_FP32=False)
             variants[f"attention{name}_{dt}"] = ("attention_stats_triton", name, attention, constexprs, 4, 2, True)
-        norm = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "eps": "fp32"}
-        variants[f"rms_norm_{dt}"] = ("rms_norm_triton", "_rms_norm_kernel", norm, dict(BLOCK_D=4096), 4, 1, False)
     fp32 = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*fp32"}
     variants["map_fp32_ieee"] = ("map_apply_triton", "_map_kernel", fp32, dict(_MAP_TILES, DOT_FP32=True), 8, 3, False)
     return variants

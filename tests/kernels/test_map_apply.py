@@ -1,4 +1,4 @@
-"""The map application references against float64 arithmetic, and their argument checks."""
+"""The map application's reference and torch backends against float64 arithmetic, and the argument checks."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from sgl_ridgefill.kernels.map_apply import (
     apply_map_int8,
     apply_map_int8_reference,
     apply_map_reference,
-    apply_maps,
-    apply_maps_int8,
 )
 from sgl_ridgefill.kernels.quant import quantize_int8_groupwise
 
@@ -70,16 +68,6 @@ def test_mixed_dtypes_accumulate_in_float32() -> None:
     assert _rel_err(got, _naive(x, A.bfloat16(), b)) <= TOL[torch.float32]
 
 
-def test_stacked_maps_apply_each_layer() -> None:
-    x, _, _ = _inputs(37, 96, 80, torch.float32)
-    gen = torch.Generator().manual_seed(3)
-    A = torch.randn(3, 80, 96, generator=gen)
-    b = torch.randn(3, 80, generator=gen)
-    got = apply_maps(x, A, b)
-    assert got.shape == (3, 37, 80)
-    for layer in range(3):
-        assert _rel_err(got[layer], _naive(x, A[layer], b[layer])) <= TOL[torch.float32]
-
 
 def _dequantise_float64(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """The layout contract of quant.py written out column by column: ``A[o, i] = q[o, i] * scale[o, i // g]``."""
@@ -97,19 +85,6 @@ def test_int8_reference_matches_dequantised_float64(rows: int, d_in: int, group_
     assert got.dtype == dtype
     assert _rel_err(got, _naive(x, _dequantise_float64(q, scale, group_size), b)) <= TOL[dtype]
 
-
-def test_stacked_int8_maps_apply_each_layer() -> None:
-    x, _, _ = _inputs(7, 200, 96, torch.float32)
-    gen = torch.Generator().manual_seed(4)
-    A = torch.randn(2, 96, 200, generator=gen)
-    b = torch.randn(2, 96, generator=gen)
-    quantised = [quantize_int8_groupwise(A[i], 64) for i in range(2)]
-    q = torch.stack([qs[0] for qs in quantised])
-    scale = torch.stack([qs[1] for qs in quantised])
-    got = apply_maps_int8(x, q, scale, b, 64)
-    for layer in range(2):
-        want = _naive(x, _dequantise_float64(q[layer], scale[layer], 64), b[layer])
-        assert _rel_err(got[layer], want) <= TOL[torch.float32]
 
 
 def test_int8_error_is_within_half_a_step_of_the_group_scale() -> None:
@@ -130,11 +105,39 @@ def test_auto_backend_on_cpu_is_the_reference() -> None:
     assert torch.equal(apply_map_int8(x, q, scale, b, 32), apply_map_int8_reference(x, q, scale, b, 32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_backend_matches_float64(dtype: torch.dtype) -> None:
+    x_buf, A, b = _inputs(222, 200, 96, dtype)
+    x = x_buf[::2]  # a strided view, as the runtime passes rows of a hidden-state buffer
+    got = apply_map(x, A, b, backend="torch")
+    assert got.dtype == dtype and got.shape == (111, 96)
+    assert _rel_err(got, _naive(x, A, b)) <= TOL[dtype]
+    out = torch.full((111, 192), float("nan"), dtype=dtype)[:, ::2]
+    assert apply_map(x, A, b, backend="torch", out=out).data_ptr() == out.data_ptr()
+    assert _rel_err(out, _naive(x, A, b)) <= TOL[dtype]
+
+
+def test_torch_backend_with_mixed_dtypes_is_the_reference() -> None:
+    x, A, b = _inputs(7, 96, 80, torch.bfloat16)
+    assert torch.equal(apply_map(x, A.float(), b, backend="torch"), apply_map_reference(x, A.float(), b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_size", [40, 128])
+def test_int8_torch_backend_matches_dequantised_float64(group_size: int, dtype: torch.dtype) -> None:
+    x, A, b = _inputs(111, 200, 96, dtype)
+    q, scale = quantize_int8_groupwise(A, group_size)
+    got = apply_map_int8(x, q, scale, b, group_size, backend="torch")
+    assert got.dtype == dtype
+    # The map is rounded to x's dtype before the product: one more rounding than the reference's.
+    assert _rel_err(got, _naive(x, _dequantise_float64(q, scale, group_size), b)) <= TOL[dtype]
+
+
 def test_unknown_backend_is_named() -> None:
     x, A, b = _inputs(7, 96, 80, torch.float32)
     with pytest.raises(ValueError) as info:
         apply_map(x, A, b, backend="cuda")
-    assert str(info.value) == "apply_map: backend must be one of ('auto', 'triton', 'reference'), got 'cuda'"
+    assert str(info.value) == "apply_map: backend must be one of ('auto', 'triton', 'torch', 'reference'), got 'cuda'"
 
 
 @pytest.mark.skipif(not triton_available() or interpreter_active(), reason="needs triton without the interpreter")
@@ -159,8 +162,8 @@ def test_shape_errors_name_the_values() -> None:
         apply_map(x, A, b[:79])
     assert str(info.value) == "apply_map: b must have shape (80,), got (79,)"
     with pytest.raises(ValueError) as info:
-        apply_maps(x, A, b)
-    assert str(info.value) == "apply_maps: the map must be [layers, d_out, d_in], got shape (80, 96)"
+        apply_map(x, A[None], b)
+    assert str(info.value) == "apply_map: the map must be [d_out, d_in], got shape (1, 80, 96)"
     with pytest.raises(ValueError) as info:
         apply_map(x.long(), A, b)
     assert str(info.value) == "apply_map: x_split must be bf16, fp16 or fp32, got torch.int64"

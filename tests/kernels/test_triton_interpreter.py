@@ -15,13 +15,14 @@ import sys
 
 import pytest
 
+from sgl_ridgefill.kernels.choose import TOLERANCE
 from tests.kernels.interpreter_cases import CASES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# Worst |triton - reference| relative to the reference's largest entry, by output dtype: accumulation
-# order only for float32; for half outputs, one rounding step of the output format near its top.
-TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+# Worst |triton - reference| relative to the reference's largest entry, by output dtype: the bounds the
+# startup choice holds a map backend to on the GPU.
+TOL = {str(dtype).removeprefix("torch."): tol for dtype, tol in TOLERANCE.items()}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,6 @@ def test_kernel_matches_reference(results: dict, name: str) -> None:
     assert result["interpreted"], "a launched kernel was not an interpreted Triton function"
     assert result["same_dtype"]
     assert result["err"] <= TOL[result["dtype"]], result
-    if result["dtype"] != "float32" and result["one_rounding"]:
+    if result["dtype"] != "float32":
         # Both sides accumulate in float32 and round once, so an entry may differ by one rounding step.
         assert result["ulps"] <= 1.0, result
