@@ -195,8 +195,8 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     identical plans share filled KV. A bad parameter, or a cache key that names a RidgeFill namespace,
     aborts this request alone with a 400."""
     from .request_params import RequestParamError
-    from .runtime.runtime import get_runtime, report
-    from .runtime.state import ATTR, RIDGEFILL_SKIP, RequestState, declined
+    from .runtime.runtime import get_runtime
+    from .runtime.state import ATTR, RIDGEFILL_SKIP, RequestState, declined, report
 
     rt = get_runtime()
     if rt is None or getattr(recv_req, "input_ids", None) is None:
@@ -240,12 +240,15 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
 
 def around_init_new(original, cls: Any, batch: Any, *args: Any, **kwargs: Any):
     """AROUND ``ForwardBatch.init_new(schedule_batch, runner)``: SGLang turns the batch of ``Req`` objects
-    into the ``ForwardBatch`` the model sees, which carries only rids; RidgeFill records which ``Req``
-    each rid is (``LIVE``), binding a new RidgeFill request to its final prompt (after session
-    concatenation and truncation), so the forward reads the state of exactly the request in the batch."""
+    into the ``ForwardBatch`` the model sees, which carries only rids; for a prefill batch RidgeFill records
+    which ``Req`` each rid is (``LIVE``), binding a new RidgeFill request to its final prompt (after session
+    concatenation and truncation), so the forward reads the state of exactly the request in the batch.
+    Decode batches add nothing: their requests were recorded when they prefilled."""
     from .runtime.state import LIVE
 
-    LIVE.publish(getattr(batch, "reqs", None) or ())
+    mode = getattr(batch, "forward_mode", None)
+    if mode is not None and mode.is_extend():
+        LIVE.publish(getattr(batch, "reqs", None) or ())
     return original(cls, batch, *args, **kwargs)
 
 
@@ -318,7 +321,7 @@ def around_request_level_info(original, streamer: Any, key: str, *args: Any, **k
     """AROUND ``SchedulerOutputStreamer.is_request_level_customized_info_key``: SGLang slices a request's
     customized info per output token unless the key is request-level; ``meta_info["ridgefill"]`` is one
     summary per request, sent once."""
-    from .runtime.runtime import META_KEY
+    from .runtime.state import META_KEY
 
     return key == META_KEY or original(streamer, key, *args, **kwargs)
 
@@ -326,7 +329,7 @@ def around_request_level_info(original, streamer: Any, key: str, *args: Any, **k
 def around_update_request_meta_info(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
     """AROUND ``TokenizerManager.update_request_meta_info``: SGLang accumulates customized info into lists;
     RidgeFill's summary arrives once and is shown as the dict it is: ``meta_info["ridgefill"]``."""
-    from .runtime.runtime import META_KEY
+    from .runtime.state import META_KEY
 
     result = original(manager, meta_info, *args, **kwargs)
     value = meta_info.get(META_KEY)

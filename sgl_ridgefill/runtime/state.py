@@ -25,6 +25,7 @@ import torch
 from .plan import RequestPlan
 
 ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
+META_KEY = "ridgefill"  # meta_info["ridgefill"] of every response of a RidgeFill server
 
 
 class _RidgeFillSkip:
@@ -146,6 +147,14 @@ def state_of(req: Any) -> RequestState | None:
     return getattr(req, ATTR, None)
 
 
+def report(req: Any, summary: dict) -> None:
+    """Put ``summary`` into the response's ``meta_info["ridgefill"]`` (a request-level customized-info key:
+    SGLang sends it once, with the request's first output)."""
+    info = dict(req.customized_info or {})
+    info[META_KEY] = [summary]
+    req.customized_info = info
+
+
 class LiveRequests:
     """rid -> the ``Req`` of the batches being built, by weak reference.
 
@@ -169,6 +178,8 @@ class LiveRequests:
                     continue
                 if not st.bound:
                     st.bind(req.origin_input_ids, _logprob_start(req))
+                    if st.exact_reason is not None:
+                        report(req, st.summary())
                 self._refs[req.rid] = weakref.ref(req)
             self._count()
 

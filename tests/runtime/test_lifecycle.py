@@ -13,8 +13,8 @@ import pytest
 from sgl_ridgefill import patches
 from sgl_ridgefill.config import ServerConfig
 from sgl_ridgefill.runtime.admission import Admitter, ServerFacts
-from sgl_ridgefill.runtime.runtime import META_KEY, RidgeFillRuntime, set_runtime
-from sgl_ridgefill.runtime.state import LIVE, RIDGEFILL_SKIP, LiveRequests, state_of
+from sgl_ridgefill.runtime.runtime import RidgeFillRuntime, set_runtime
+from sgl_ridgefill.runtime.state import LIVE, META_KEY, RIDGEFILL_SKIP, LiveRequests, state_of
 
 FACTS = ServerFacts(num_layers=4, maps_splits=(2,), maps_id="m", default_split=2)
 
@@ -164,7 +164,9 @@ def test_every_response_says_what_ran(runtime):
     assert req.customized_info[META_KEY] == [{"ran": False, "reason": "the request asked for exact prefill"}]
     short = create(_recv("short", range(5), {}))
     LIVE.publish([short])
-    assert state_of(short).exact_reason == "the prompt (5 tokens) is not longer than the tail (8)"
+    reason = "the prompt (5 tokens) is not longer than the tail (8)"
+    assert state_of(short).exact_reason == reason
+    assert short.customized_info[META_KEY] == [{"ran": False, "reason": reason}]
 
 
 def test_live_requests_resolve_only_live_reqs():
