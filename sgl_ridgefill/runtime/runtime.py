@@ -17,7 +17,7 @@ from . import prefill
 from .admission import Admission, Admitter, RequestFacts
 from .passes import PassContext
 from .prefill import SelectionResources
-from .state import LIVE, META_KEY, LiveRequests, RequestState, report
+from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
 
 if TYPE_CHECKING:

@@ -8,10 +8,6 @@ module imports neither triton nor sglang, so the test collects the case names wi
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
 from typing import Callable
 
 import torch
@@ -24,6 +20,7 @@ from sgl_ridgefill.attention.planner import (
     triton_extend_args,
 )
 from tests.support.attention_emulators import reference_attention
+from tests.support.interpreter import main
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
 SCALE = HEAD_DIM**-0.5
@@ -163,60 +160,18 @@ def decode_compacted() -> tuple[torch.Tensor, torch.Tensor]:
 # --------------------------------------------------------------------------------------------- runner
 
 
-class _CountingKernel:
-    """Stands in for a kernel object: counts ``kernel[grid](...)`` launches and notes their type."""
-
-    def __init__(self, kernel, record: dict) -> None:
-        self._kernel, self._record = kernel, record
-
-    def __getitem__(self, grid):
-        self._record["launches"] += 1
-        self._record["interpreted"] &= type(self._kernel).__name__ == "InterpretedFunction"
-        return self._kernel[grid]
-
-
-def _instrument(record: dict) -> None:
+def _kernels():
     from sglang.kernels.ops.attention import decode_attention, extend_attention
 
-    for module, names in (
+    return (
         (extend_attention, ("_fwd_kernel",)),
         (decode_attention, ("_fwd_kernel_stage1", "_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2")),
-    ):
-        for name in names:
-            setattr(module, name, _CountingKernel(getattr(module, name), record))
+    )
 
 
-def main() -> None:
-    try:
-        import triton
-    except ImportError as error:
-        print(json.dumps({"skip": f"triton is not importable: {error}"}))
-        return
-    if not triton.knobs.runtime.interpret:
-        print(json.dumps({"skip": f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} did not enable it"}))
-        return
-    started = time.perf_counter()
-    try:
-        record = {"launches": 0, "interpreted": True}
-        _instrument(record)
-    except ImportError as error:
-        print(json.dumps({"skip": f"sglang's Triton attention kernels are not importable: {error}"}))
-        return
-    print(f"sglang import: {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    results = {}
-    for name, fn in CASES.items():
-        record.update(launches=0, interpreted=True)
-        started = time.perf_counter()
-        got, want = fn()
-        results[name] = {
-            "err": float((got.double() - want.double()).abs().max()),
-            "finite": bool(torch.isfinite(got).all()),
-            "seconds": round(time.perf_counter() - started, 2),
-            **record,
-        }
-        print(f"{name}: {results[name]}", file=sys.stderr)
-    print(json.dumps({"cases": results}))
+def _measure(got: torch.Tensor, want: torch.Tensor) -> dict:
+    return {"err": float((got.double() - want.double()).abs().max()), "finite": bool(torch.isfinite(got).all())}
 
 
 if __name__ == "__main__":
-    main()
+    main(CASES, _kernels, _measure)

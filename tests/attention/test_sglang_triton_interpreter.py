@@ -7,17 +7,11 @@ leak into every other test of this process, so the cases run once in a child pro
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
 from tests.attention.sglang_triton_cases import CASES
+from tests.support.interpreter import run_cases
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # float32 throughout: only the accumulation order differs from the float64 reference.
 TOL = 2e-5
 
@@ -25,17 +19,7 @@ TOL = 2e-5
 @pytest.fixture(scope="module")
 def results() -> dict:
     # One intra-op thread: the tensors are tiny, and a thread pool only adds synchronisation on a busy machine.
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.attention.sglang_triton_cases"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"SGLang kernel cases failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in report:
-        pytest.skip(report["skip"])
-    return report["cases"]
+    return run_cases("tests.attention.sglang_triton_cases", env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -78,3 +78,13 @@ def assert_top_close(got: dict, expected: list[tuple[float, int]], atol: float =
     assert [t for _, t in got_top] == [t for _, t in expected], (got_top, expected)
     for (lp_got, _), (lp_exp, _) in zip(got_top, expected):
         assert abs(lp_got - lp_exp) <= atol, (got_top, expected)
+
+
+def assert_decode_matches(model: TinyModel, expect: dict, got: dict, *, tail: int, steps: int = 2) -> None:
+    """Decode steps run the full model over the prefilled cache: step ``j``'s top tokens equal the oracle's
+    on the prompt plus the first ``j`` output tokens, whose rows join the exact tail."""
+    ids = list(expect["ids"])
+    kw = {k: v for k, v in expect.items() if k != "ids"}
+    for step in range(1, steps + 1):
+        ids.append(got["output_ids"][step - 1])
+        assert_top_close({"top": got["tops"][step]}, model.expected_top(ids, split=SPLIT, tail=tail + step, **kw))

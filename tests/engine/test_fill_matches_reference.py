@@ -12,7 +12,7 @@ import pytest
 
 from sgl_ridgefill.runtime.selection import every_kth_row
 from sgl_ridgefill.selectors.registry import random_rows
-from tests.engine.conftest import SPLIT, assert_top_close
+from tests.engine.conftest import SPLIT, assert_decode_matches, assert_top_close
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
 pytestmark = pytest.mark.engine
@@ -94,12 +94,7 @@ def test_decode_reads_the_filled_cache(engine_run, case):
     """Decode steps run the full model over the filled cache (nofill: without the filled rows)."""
     model, by_name = engine_run
     expect, got = by_name[case]
-    ids = list(expect["ids"])
-    kw = {k: v for k, v in expect.items() if k != "ids"}
-    for step in (1, 2):
-        ids.append(got["output_ids"][step - 1])
-        exp = model.expected_top(ids, split=SPLIT, tail=TAIL + step, **kw)
-        assert_top_close({"top": got["tops"][step]}, exp)
+    assert_decode_matches(model, expect, got, tail=TAIL)
 
 
 def test_radix_hit_reuses_exact_prefix(engine_run):

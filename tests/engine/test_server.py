@@ -3,7 +3,6 @@ on bad parameters while the server carries on, and the namespace cache mode unde
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

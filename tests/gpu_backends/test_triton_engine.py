@@ -15,7 +15,7 @@ import pytest
 from sgl_ridgefill.runtime.runtime import GROUP_SIZE
 from sgl_ridgefill.runtime.selection import every_kth_row
 from sgl_ridgefill.selectors.registry import random_rows
-from tests.engine.conftest import SPLIT, assert_top_close
+from tests.engine.conftest import SPLIT, assert_decode_matches, assert_top_close
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
 pytestmark = pytest.mark.engine
@@ -112,11 +112,7 @@ def test_decode_steps_on_the_triton_decode_kernel(run, case):
     """Decode runs the full model over the filled cache; nofill's decode reads compacted key lists."""
     model, by_name = run
     expect, got = by_name[case]
-    ids = list(expect["ids"])
-    kw = {k: v for k, v in expect.items() if k != "ids"}
-    for step in (1, 2):
-        ids.append(got["output_ids"][step - 1])
-        assert_top_close({"top": got["tops"][step]}, model.expected_top(ids, split=SPLIT, tail=TAIL + step, **kw))
+    assert_decode_matches(model, expect, got, tail=TAIL)
 
 
 def test_radix_hit_inside_the_prompt(run):

@@ -10,9 +10,6 @@ switching its own process to the interpreter.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from typing import Callable
 
 import torch
@@ -20,6 +17,7 @@ import torch
 from sgl_ridgefill.kernels.attention_stats import attention_received, attention_received_reference
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8, apply_map_int8_reference, apply_map_reference
 from sgl_ridgefill.kernels.quant import quantize_int8_groupwise
+from tests.support.interpreter import main
 
 T = "triton"
 Case = Callable[[], tuple[torch.Tensor, torch.Tensor]]
@@ -160,56 +158,24 @@ def _ulp(want: torch.Tensor) -> torch.Tensor:
     return 2.0 ** (torch.floor(torch.log2(magnitude)) - mantissa_bits)
 
 
-class _CountingKernel:
-    """Stands in for a kernel object: counts ``kernel[grid](...)`` launches and notes their type."""
-
-    def __init__(self, kernel, record: dict) -> None:
-        self._kernel, self._record = kernel, record
-
-    def __getitem__(self, grid):
-        self._record["launches"] += 1
-        self._record["interpreted"] &= type(self._kernel).__name__ == "InterpretedFunction"
-        return self._kernel[grid]
-
-
-def _instrument(record: dict) -> None:
+def _kernels():
     from sgl_ridgefill.kernels import attention_stats_triton, map_apply_triton
 
-    for module, names in (
+    return (
         (map_apply_triton, ("_map_kernel", "_map_int8_kernel")),
         (attention_stats_triton, ("_lse_kernel", "_received_kernel")),
-    ):
-        for name in names:
-            setattr(module, name, _CountingKernel(getattr(module, name), record))
+    )
 
 
-def main() -> None:
-    try:
-        import triton
-    except ImportError as error:
-        print(json.dumps({"skip": f"triton is not importable: {error}"}))
-        return
-    if not triton.knobs.runtime.interpret:
-        setting = os.environ.get("TRITON_INTERPRET")
-        print(json.dumps({"skip": f"TRITON_INTERPRET={setting!r} did not enable the interpreter"}))
-        return
-    record = {"launches": 0, "interpreted": True}
-    _instrument(record)
-    results = {}
-    for name, fn in CASES.items():
-        record.update(launches=0, interpreted=True)
-        got, want = fn()
-        diff = (got.double() - want.double()).abs()
-        results[name] = {
-            "dtype": str(got.dtype).removeprefix("torch."),
-            "same_dtype": got.dtype == want.dtype and got.shape == want.shape,
-            "err": float(diff.max() / want.double().abs().max().clamp_min(1e-30)),
-            "ulps": float((diff / _ulp(want)).max()),
-            **record,
-        }
-        print(f"{name}: {results[name]}", file=sys.stderr)
-    print(json.dumps({"cases": results}))
+def _measure(got: torch.Tensor, want: torch.Tensor) -> dict:
+    diff = (got.double() - want.double()).abs()
+    return {
+        "dtype": str(got.dtype).removeprefix("torch."),
+        "same_dtype": got.dtype == want.dtype and got.shape == want.shape,
+        "err": float(diff.max() / want.double().abs().max().clamp_min(1e-30)),
+        "ulps": float((diff / _ulp(want)).max()),
+    }
 
 
 if __name__ == "__main__":
-    main()
+    main(CASES, _kernels, _measure)

@@ -7,18 +7,12 @@ leak into every other test of this process, so the cases run once in a child pro
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
 from sgl_ridgefill.kernels.choose import TOLERANCE
 from tests.kernels.interpreter_cases import CASES
+from tests.support.interpreter import run_cases
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Worst |triton - reference| relative to the reference's largest entry, by output dtype: the bounds the
 # startup choice holds a map backend to on the GPU.
@@ -27,17 +21,7 @@ TOL = {str(dtype).removeprefix("torch."): tol for dtype, tol in TOLERANCE.items(
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.interpreter_cases"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter cases failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in report:
-        pytest.skip(report["skip"])
-    return report["cases"]
+    return run_cases("tests.kernels.interpreter_cases")
 
 
 @pytest.mark.parametrize("name", list(CASES))

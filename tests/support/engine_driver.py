@@ -11,7 +11,6 @@ The engine runs in its own process so every test module can give it its own envi
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 
