@@ -35,6 +35,7 @@ class RequestParams:
     value_rescale: int | None = None
     seed: int = 0
     splice: str | None = None
+    exact_rows: tuple[int, ...] | None = None
 
     @property
     def wants_exact(self) -> bool:

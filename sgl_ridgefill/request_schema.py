@@ -24,6 +24,7 @@ ARMS = ("ridgefill", "identity", "nofill", "exact")
 CONTROLS = ("none", "random")
 SPLICES = ("keys", "values", "both", "key_norm")
 MAX_POLICY_NAME = 200
+MAX_EXACT_ROWS = 1 << 16
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 _SHOWN_CHARS = 80  # characters of a bad value echoed back in an error
@@ -141,6 +142,60 @@ class PolicyKey(RequestKey):
         return f"policy name (at most {self.max_length} characters)"
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpliceKey(RequestKey):
+    """``kind`` or ``kind@lo-hi``: the splice of ``SPLICES`` on every upper layer, or on layers ``lo..hi``."""
+
+    def parse(self, value: Any) -> str:
+        if isinstance(value, str):
+            kind, at, layers = value.partition("@")
+            if kind in SPLICES and (not at or _layer_range(layers) is not None):
+                return value
+        raise RequestParamError(
+            f"{self.where} must be one of {', '.join(SPLICES)}, optionally followed by @FIRST-LAST upper layers "
+            f"(e.g. keys@13-17), got {_shown(value)}"
+        )
+
+    def values_text(self) -> str:
+        return ", ".join(f"`{c}`" for c in SPLICES) + ", each optionally `@FIRST-LAST` (layers)"
+
+
+def _layer_range(text: str) -> tuple[int, int] | None:
+    first, sep, last = text.partition("-")
+    if not (first.isdigit() and (not sep or last.isdigit())):
+        return None
+    lo, hi = int(first), int(last or first)
+    return (lo, hi) if lo <= hi <= 1024 else None
+
+
+def parse_splice(value: str) -> tuple[str, tuple[int, int] | None]:
+    """A checked ``splice`` value as ``(kind, (first, last) layers or None for every upper layer)``."""
+    kind, _, layers = value.partition("@")
+    return kind, (_layer_range(layers) if layers else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowsKey(RequestKey):
+    """A list of prompt positions (integers), at most ``max_rows`` of them."""
+
+    max_rows: int = MAX_EXACT_ROWS
+
+    def parse(self, value: Any) -> tuple[int, ...]:
+        if (
+            not isinstance(value, list)
+            or len(value) > self.max_rows
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT32_MAX for v in value)
+        ):
+            raise RequestParamError(
+                f"{self.where} must be a list of at most {self.max_rows} prompt positions in [0, {INT32_MAX}], "
+                f"got {_shown(value)}"
+            )
+        return tuple(sorted(set(value)))
+
+    def values_text(self) -> str:
+        return f"list of at most {self.max_rows} positions"
+
+
 REQUEST_KEYS: tuple[RequestKey, ...] = (
     BoolKey(name="enabled", default=True, doc="false runs this request exactly"),
     EnumKey(
@@ -163,9 +218,12 @@ REQUEST_KEYS: tuple[RequestKey, ...] = (
            doc="the value rescale `c`; 0 turns the policy's correction off"),
     IntKey(name="seed", lo=0, hi=INT64_MAX, default=0, diagnostic=True, in_namespace=True,
            doc="seed of the random control's rows"),
-    EnumKey(name="splice", choices=SPLICES, diagnostic=True, in_namespace=True, default_doc="off",
-            doc="the filled rows get the exact model's keys, values, both, or key magnitude (costs a full exact "
-                "prefill; for `sgl-ridgefill eval`)"),
+    SpliceKey(name="splice", diagnostic=True, in_namespace=True, default_doc="off",
+              doc="the filled rows get the exact model's keys, values, both, or key magnitude, in every upper layer "
+                  "or in layers FIRST..LAST (costs a full exact prefill; for `sgl-ridgefill eval`)"),
+    RowsKey(name="exact_rows", diagnostic=True, in_namespace=True, default_doc="off",
+            doc="these prompt positions run exactly, instead of the policy's selection (an oracle for "
+                "`sgl-ridgefill eval`: the needle's own rows)"),
 )
 KEYS_BY_NAME: dict[str, RequestKey] = {k.name: k for k in REQUEST_KEYS}
 assert len(KEYS_BY_NAME) == len(REQUEST_KEYS), "duplicate request key"

@@ -30,10 +30,11 @@ def test_request_params_has_one_field_per_key_with_its_default():
 
 def test_the_declared_attributes():
     keys = schema.KEYS_BY_NAME
-    assert [k.name for k in schema.REQUEST_KEYS if k.diagnostic] == ["exact_every", "control", "seed", "splice"]
+    assert [k.name for k in schema.REQUEST_KEYS if k.diagnostic] == [
+        "exact_every", "control", "seed", "splice", "exact_rows"]
     assert keys["arm"].diagnostic_choices == {"identity", "nofill"} and not keys["arm"].diagnostic
     assert schema.namespace_fields() == (
-        "arm", "split", "tail", "exact_every", "control", "value_rescale", "seed", "splice",
+        "arm", "split", "tail", "exact_every", "control", "value_rescale", "seed", "splice", "exact_rows",
     )
     assert [(k.name, k.lo, k.hi) for k in schema.REQUEST_KEYS if isinstance(k, schema.IntKey)] == [
         ("split", 1, 1024), ("tail", 1, 2**31 - 1), ("exact_every", 1, 2**31 - 1), ("value_rescale", 0, 2**31 - 1),
@@ -88,11 +89,17 @@ def test_diagnostic_keys_used(fields, used):
     assert schema.diagnostic_keys_used(_parse(fields)) == used
 
 
+_EXAMPLES = {schema.SpliceKey: ["keys", "values@13-17"], schema.RowsKey: [[0, 5, 9]]}
+
+
 def test_every_diagnostic_key_is_detected():
     for key in schema.REQUEST_KEYS:
         values = key.diagnostic_choices if isinstance(key, schema.EnumKey) and not key.diagnostic else ()
         if key.diagnostic:
-            values = [c for c in key.choices if c != key.default] if isinstance(key, schema.EnumKey) else [key.hi]
+            if type(key) in _EXAMPLES:
+                values = _EXAMPLES[type(key)]
+            else:
+                values = [c for c in key.choices if c != key.default] if isinstance(key, schema.EnumKey) else [key.hi]
         for value in values:
             assert schema.diagnostic_keys_used(_parse({key.name: value})), (key.name, value)
 
@@ -115,6 +122,8 @@ def _plan(**kw) -> RequestPlan:
 def _another(key: schema.RequestKey, value):
     if isinstance(key, schema.EnumKey):
         return next(c for c in key.choices if c not in (value, "exact"))  # a plan never has the exact arm
+    if type(key) in _EXAMPLES:
+        return next(v for v in _EXAMPLES[type(key)] if v != value)
     return (value or 0) + 1 if (value or 0) + 1 <= key.hi else key.lo
 
 
@@ -160,3 +169,21 @@ def test_flags_named_in_the_docs_exist():
     named = {f for k in schema.REQUEST_KEYS for f in re.findall(r"--[a-z][a-z-]+", k.doc)}
     named |= {f for s in SETTINGS for f in re.findall(r"--[a-z][a-z-]+", s.help)}
     assert named and named <= flags
+
+
+@pytest.mark.parametrize("value, parsed", [("keys", ("keys", None)), ("both@13-17", ("both", (13, 17))), ("values@5", ("values", (5, 5)))])
+def test_splice_takes_an_optional_layer_range(value, parsed):
+    assert schema.parse_splice(_parse({"splice": value}).splice) == parsed
+
+
+@pytest.mark.parametrize("value", ["keys@", "keys@17-13", "keys@a-b", "rows", "keys@1-2-3", 3])
+def test_a_bad_splice_is_refused(value):
+    with pytest.raises(RequestParamError, match=r"must be one of keys, values, both, key_norm, optionally followed by @FIRST-LAST"):
+        _parse({"splice": value})
+
+
+def test_exact_rows_are_sorted_unique_positions():
+    assert _parse({"exact_rows": [9, 3, 9, 0]}).exact_rows == (0, 3, 9)
+    for bad in ([-1], [1.5], [True], "1,2", [0] * (schema.MAX_EXACT_ROWS + 1)):
+        with pytest.raises(RequestParamError, match=r'\["exact_rows"\] must be a list of at most 65536 prompt positions'):
+            _parse({"exact_rows": bad})

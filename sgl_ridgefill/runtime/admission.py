@@ -146,7 +146,11 @@ class Admitter:
                 f"the nofill arm cannot run on this server: {facts.nofill_refusal or facts.visible_keys_refusal}"
             )
         exact_every = params.exact_every if params is not None else None
-        use_policy = policy if (policy is not None and exact_every is None and policy.has_selection()) else None
+        exact_rows = params.exact_rows if params is not None else None
+        if exact_every is not None and exact_rows is not None:
+            raise RequestParamError("exact_every and exact_rows both choose the exact rows; give one of them")
+        explicit = exact_every is not None or exact_rows is not None
+        use_policy = policy if (policy is not None and not explicit and policy.has_selection()) else None
         if use_policy is not None:
             self.check_policy(use_policy, split)
         cache_mode = pick("cache_mode") or "no_insert"
@@ -166,6 +170,7 @@ class Admitter:
                 policy_name=getattr(policy, "name", ""),
                 maps_id=facts.maps_id,
                 splice=splice,
+                exact_rows=exact_rows,
             )
         )
 

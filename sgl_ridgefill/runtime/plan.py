@@ -14,7 +14,8 @@ class RequestPlan:
     """What the forward does for one request; built by ``admission.Admitter.admit``.
 
     ``policy`` is a compiled ``.rfpolicy`` (``sgl_ridgefill.policy.CompiledPolicy``) or ``None``;
-    ``exact_every`` is the simple selection (every k-th new prefix row) used by tests and controls.
+    ``exact_every`` (every k-th new prefix row) and ``exact_rows`` (given positions) replace the policy's
+    selection, for tests, controls and oracles.
     """
 
     arm: str  # "ridgefill" | "identity" | "nofill"
@@ -28,7 +29,8 @@ class RequestPlan:
     policy: Any = None
     policy_name: str = ""
     maps_id: str = ""
-    splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm" (eval splice tests)
+    splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm", optionally "@first-last"
+    exact_rows: tuple[int, ...] | None = None  # diagnostic: these positions exact instead of a selection
 
     def __post_init__(self) -> None:
         assert self.arm in ("ridgefill", "identity", "nofill"), self.arm
@@ -36,7 +38,11 @@ class RequestPlan:
 
     @property
     def has_selection(self) -> bool:
-        return self.exact_every is not None or (self.policy is not None and self.policy.has_selection())
+        return (
+            self.exact_every is not None
+            or self.exact_rows is not None
+            or (self.policy is not None and self.policy.has_selection())
+        )
 
     @property
     def namespace(self) -> str:

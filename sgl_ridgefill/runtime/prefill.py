@@ -37,7 +37,7 @@ class SelectionResources:
 
 
 def _requirements(st: RequestState) -> tuple:
-    if st.plan.policy is None or st.plan.exact_every is not None:
+    if st.plan.policy is None or st.plan.exact_every is not None or st.plan.exact_rows is not None:
         return ()
     return tuple(st.plan.policy.requirements)
 
@@ -166,8 +166,12 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
     """Diagnostic for the splice tests (``plan.splice``): the new prefix rows run the exact upper layers
     (writing exact K/V), then every filled row's K/V is rewritten from the fill with exact keys
     (``keys``), exact values (``values``), both (``both``), or the filled keys rescaled to the exact keys'
-    per-head norms (``key_norm``). Costs a full exact prefill of the prefix; normal requests never get here."""
+    per-head norms (``key_norm``), in every upper layer or in the layers ``@first-last`` names (the others
+    keep the fill). Costs a full exact prefill of the prefix; normal requests never get here."""
+    from ..request_schema import parse_splice
+
     ad, plan = ctx.adapter, st.plan
+    kind, layers = parse_splice(plan.splice)
     split, device = plan.split, fb.input_ids.device
     pos = torch.arange(st.start, st.boundary, dtype=torch.long)
     if not pos.numel():
@@ -182,11 +186,12 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
         k, v = ad.key_value(layer_id, pos_d.to(fb.positions.dtype), x_hat)
         k_exact, v_exact = read_kv(ctx.pool, layer_id, slots)
         k_exact, v_exact = k_exact.to(k.dtype), v_exact.to(v.dtype)
-        if plan.splice in ("keys", "both"):
+        spliced = layers is None or layers[0] <= layer_id <= layers[1]
+        if spliced and kind in ("keys", "both"):
             k = k_exact
-        if plan.splice in ("values", "both"):
+        if spliced and kind in ("values", "both"):
             v = v_exact
-        if plan.splice == "key_norm":
+        if spliced and kind == "key_norm":
             scale = k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
             k = k * scale.to(k.dtype)
         write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)

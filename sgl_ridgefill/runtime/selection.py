@@ -99,6 +99,9 @@ def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any
     plan, lo, hi = st.plan, st.start, st.boundary
     if plan.exact_every is not None:
         rows = every_kth_row(plan.exact_every, lo, hi)
+    elif plan.exact_rows is not None:
+        rows = torch.tensor(plan.exact_rows, dtype=torch.long)
+        rows = rows[(rows >= lo) & (rows < hi)]
     elif plan.policy is not None:
         inputs = SelectionInputs(
             token_ids=st.prompt_ids,

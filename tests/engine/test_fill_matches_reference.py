@@ -34,6 +34,7 @@ def _scenario():
         ("identity", request(b, {"arm": "identity"}), dict(ids=b, arm="identity")),
         ("nofill", request(c, {"arm": "nofill"}, max_new_tokens=3), dict(ids=c, arm="nofill")),
         ("exact_rows", request(d, {"exact_every": 7}), dict(ids=d, exact_rows=every_kth_row(7, 0, N - TAIL).tolist())),
+        ("given_rows", request(d, {"exact_rows": [40, 3, 77, 129, 129, 140]}), dict(ids=d, exact_rows=[3, 40, 77, 129])),
         ("value_rescale", request(e, {"value_rescale": 8}), dict(ids=e, value_rescale=8)),
         ("long_tail", request(f, {"tail": 60}), dict(ids=f, tail=60)),
         ("batch", [request(g), request(h, {"enabled": False}), request(i, {"arm": "identity"})],
@@ -75,7 +76,7 @@ def engine_run(request, tiny_models):
     return model, dict(zip([n for n, _ in flat], zip([e for _, e in flat], results)))
 
 
-CASES = ["ridgefill", "identity", "nofill", "exact_rows", "value_rescale", "long_tail", "batch[0]", "batch[1]",
+CASES = ["ridgefill", "identity", "nofill", "exact_rows", "given_rows", "value_rescale", "long_tail", "batch[0]", "batch[1]",
          "batch[2]", "short_prompt", "cache_seed", "random_rows", "repeat", "no_insert_rf", "no_insert_exact"]
 
 

@@ -249,7 +249,7 @@ def test_bad_parameters_fail_before_any_request(frontend):
         fe.RidgeFillEndpoint(unreachable, ridgefill={"arm": "ridgefill", "tial": 16})
     assert str(info.value) == (
         "RidgeFillEndpoint(ridgefill={'arm': 'ridgefill', 'tial': 16}): custom_params[\"ridgefill\"] has unknown "
-        "key(s) 'tial'; known keys: arm, control, enabled, exact_every, policy, seed, splice, split, tail, "
+        "key(s) 'tial'; known keys: arm, control, enabled, exact_every, exact_rows, policy, seed, splice, split, tail, "
         "value_rescale"
     )
     with pytest.raises(ValueError) as info:

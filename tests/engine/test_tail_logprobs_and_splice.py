@@ -39,6 +39,7 @@ def _cases():
         ("splice_keys", _lp(a, {"splice": "keys"}), dict(ids=a, splice="keys")),
         ("splice_values", _lp(a, {"splice": "values"}), dict(ids=a, splice="values")),
         ("splice_key_norm", _lp(a, {"splice": "key_norm"}), dict(ids=a, splice="key_norm")),
+        ("splice_keys_layer_3", _lp(a, {"splice": "keys@3-3"}), dict(ids=a, splice="keys@3-3")),
         ("identity_values", _lp(b, {"arm": "identity", "splice": "values"}), dict(ids=b, arm="identity", splice="values")),
         ("two_chunks", _lp(c, None, start=LONG - TAIL), dict(ids=c, arm="exact")),
         ("nofill_splice", _lp(a, {"arm": "nofill", "splice": "keys"}), dict(error="nofill")),
@@ -87,7 +88,7 @@ def _assert_rows_close(got_rows, expected_rows, atol=2e-3):
 @pytest.mark.parametrize(
     "case",
     ["exact", "ridgefill", "identity", "splice_both", "splice_keys", "splice_values", "splice_key_norm",
-     "identity_values", "before_tail", "two_chunks"],
+     "splice_keys_layer_3", "identity_values", "before_tail", "two_chunks"],
 )
 def test_tail_logprobs_match_reference(engine_run, case):
     model, by_name = engine_run
@@ -106,6 +107,14 @@ def test_splice_both_is_exact_and_the_others_are_not(engine_run):
     for case in ("ridgefill", "splice_keys", "splice_values", "splice_key_norm"):
         other = by_name[case][1]["input_logprobs"][1:]
         assert max(abs(x - y) for x, y in zip(exact, other)) > 1e-3, case
+
+
+def test_a_layer_range_splices_only_those_layers(engine_run):
+    """``keys@3-3`` splices the last layer only: between the fill and exact keys on every upper layer."""
+    _, by_name = engine_run
+    ridgefill, every, last = (by_name[c][1]["input_logprobs"][1:] for c in ("ridgefill", "splice_keys", "splice_keys_layer_3"))
+    assert max(abs(x - y) for x, y in zip(last, ridgefill)) > 1e-4
+    assert max(abs(x - y) for x, y in zip(last, every)) > 1e-4
 
 
 def test_splice_needs_filled_rows(engine_run):

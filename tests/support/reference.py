@@ -60,7 +60,8 @@ class Reference:
         tail_rows: bool = False,
     ) -> torch.Tensor:
         """Logits of the next token after ``ids`` ([vocab] float32); with ``tail_rows``, the logits of every
-        tail row ([tail, vocab]). ``splice``: exact keys/values/both/key magnitude on the filled rows."""
+        tail row ([tail, vocab]). ``splice``: exact keys/values/both/key magnitude on the filled rows, in every
+        upper layer or, as ``kind@first-last``, in those layers only."""
         m = self.m
         ids_t = torch.tensor(ids)[None]
         n = len(ids)
@@ -98,13 +99,16 @@ class Reference:
                     _, _, v_pr = self._qkv(layer_id, tail_hat, pos[boundary : boundary + c])
                     scale = (v_ex.norm(dim=-1) / v_pr.norm(dim=-1)).mean(0)
                     vf = vf * scale[None, :, None]
-                if splice is not None:
+                kind, _, layer_range = (splice or "").partition("@")
+                first, _, last = layer_range.partition("-")
+                in_range = not layer_range or int(first) <= layer_id <= int(last or first)
+                if splice is not None and in_range:
                     _, ke, ve = self._qkv(layer_id, hs[layer_id][0][filled], pos[filled])
-                    if splice in ("keys", "both"):
+                    if kind in ("keys", "both"):
                         kf = ke
-                    if splice in ("values", "both"):
+                    if kind in ("values", "both"):
                         vf = ve
-                    if splice == "key_norm":
+                    if kind == "key_norm":
                         kf = kf * ke.norm(dim=-1, keepdim=True) / kf.norm(dim=-1, keepdim=True)
                 k_all[filled], v_all[filled] = kf, vf
                 visible[filled] = True
