@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,7 +17,7 @@ from . import prefill
 from .admission import Admission, Admitter, RequestFacts
 from .passes import PassContext
 from .prefill import SelectionResources
-from .state import LIVE, LiveRequests, RequestState
+from .state import LIVE, META_KEY, LiveRequests, RequestState, report  # noqa: F401 - re-exported
 from .subbatch import request_row_starts, requests_subbatch
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sgl_ridgefill")
 
 _RUNTIME: RidgeFillRuntime | None = None
-META_KEY = "ridgefill"  # meta_info["ridgefill"] of every response of a RidgeFill server
 GROUP_SIZE = 64  # rows per virtual request of the grouped mode (scattered exact rows)
 _WARN_EVERY_S = 60.0
 
@@ -183,11 +182,3 @@ class RidgeFillRuntime:
         from sglang.srt.model_executor.forward_context import get_attn_backend
 
         return get_attn_backend()
-
-
-def report(req: Any, summary: dict) -> None:
-    """Put ``summary`` into the response's ``meta_info["ridgefill"]`` (a request-level customized-info key:
-    SGLang sends it once, with the request's first output)."""
-    info = dict(req.customized_info or {})
-    info[META_KEY] = [summary]
-    req.customized_info = info

@@ -25,6 +25,7 @@ import torch
 from .plan import RequestPlan
 
 ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
+META_KEY = "ridgefill"  # meta_info["ridgefill"] of every response of a RidgeFill server
 
 
 class _RidgeFillSkip:
@@ -142,6 +143,14 @@ def declined(reason: str) -> dict:
     return {"ran": False, "reason": reason}
 
 
+def report(req: Any, summary: dict) -> None:
+    """Put ``summary`` into the response's ``meta_info["ridgefill"]`` (a request-level customized-info key:
+    SGLang sends it once, with the request's first output)."""
+    info = dict(req.customized_info or {})
+    info[META_KEY] = [summary]
+    req.customized_info = info
+
+
 def state_of(req: Any) -> RequestState | None:
     return getattr(req, ATTR, None)
 
@@ -169,6 +178,8 @@ class LiveRequests:
                     continue
                 if not st.bound:
                     st.bind(req.origin_input_ids, _logprob_start(req))
+                    if st.exact_reason is not None:  # decided before any forward runs: say so now
+                        report(req, st.summary())
                 self._refs[req.rid] = weakref.ref(req)
             self._count()
 

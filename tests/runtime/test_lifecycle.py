@@ -165,6 +165,13 @@ def test_every_response_says_what_ran(runtime):
     short = create(_recv("short", range(5), {}))
     LIVE.publish([short])
     assert state_of(short).exact_reason == "the prompt (5 tokens) is not longer than the tail (8)"
+    # Decided when the request is bound to its prompt, before any forward: the response must still say so.
+    assert short.customized_info[META_KEY] == [{"ran": False, "reason": state_of(short).exact_reason}]
+    logprobs = create(_recv("lp", range(40), {}))
+    logprobs.return_logprob, logprobs.logprob_start_len = True, 0
+    LIVE.publish([logprobs])
+    assert logprobs.customized_info[META_KEY][0]["ran"] is False
+    assert "prompt logprobs" in logprobs.customized_info[META_KEY][0]["reason"]
 
 
 def test_live_requests_resolve_only_live_reqs():
