@@ -1,12 +1,13 @@
 """Every change sgl-ridgefill makes to SGLang 0.5.23, in one place, applied through SGLang's HookRegistry.
 
-Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend
-and the per-request parameter check in the tokenizer process. Only when ``--prefill-backend ridgefill``
-is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
-the model loads and checked against the attention backends once they exist; request admission, batch
-publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
-radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
-on every response; and the weight-update guard. Each hook's docstring says what SGLang does there, what
+Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend,
+the per-request parameter check in the tokenizer process and ``meta_info["ridgefill"]`` shown as one dict
+(the HTTP process loads plugins before it parses ``--prefill-backend``, so it only ever registers these).
+Only when ``--prefill-backend ridgefill`` is on: RidgeFill's versions of the Triton, FlashInfer and fa3
+attention backends; the runtime, built after the model loads and checked against the attention backends
+once they exist; request admission, batch publication and cache release (the request's state lives on
+SGLang's ``Req``); the model forwards; the radix-cache match bound of namespace requests; the per-batch
+CUDA-graph gates; ``meta_info["ridgefill"]`` sent once per request; and the weight-update guard. Each hook's docstring says what SGLang does there, what
 RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks that
 every hook took effect and stops the process (a ``SystemExit`` is not swallowed) when one did not.
 """
@@ -47,10 +48,10 @@ MODEL_FORWARDS = (
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
 )
-ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST)
+ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, META_INFO)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
-    REQUEST_LEVEL_INFO, META_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
+    REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
 )
 NAMESPACE_MARK = "|rf:"
 
@@ -101,6 +102,20 @@ def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: A
     if getattr(obj, "input_embeds", None) is not None or getattr(obj, "image_data", None) is not None:
         raise RequestParamError("RidgeFill does not support input_embeds or multimodal requests; omit custom_params.ridgefill")
     return None
+
+
+def around_update_request_meta_info(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``TokenizerManager.update_request_meta_info``: SGLang accumulates customized info into lists;
+    RidgeFill's summary arrives once and is shown as the dict it is: ``meta_info["ridgefill"]``. Registered
+    in every process: the tokenizer runs in the HTTP process, which cannot know yet whether RidgeFill is on
+    (it loads plugins before it parses the flags); a response without the key is left alone."""
+    from .runtime.state import META_KEY
+
+    result = original(manager, meta_info, *args, **kwargs)
+    value = meta_info.get(META_KEY)
+    if isinstance(value, list) and value:
+        meta_info[META_KEY] = value[-1]
+    return result
 
 
 def _register_attention_backend() -> None:
@@ -321,18 +336,6 @@ def around_request_level_info(original, streamer: Any, key: str, *args: Any, **k
     return key == META_KEY or original(streamer, key, *args, **kwargs)
 
 
-def around_update_request_meta_info(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
-    """AROUND ``TokenizerManager.update_request_meta_info``: SGLang accumulates customized info into lists;
-    RidgeFill's summary arrives once and is shown as the dict it is: ``meta_info["ridgefill"]``."""
-    from .runtime.runtime import META_KEY
-
-    result = original(manager, meta_info, *args, **kwargs)
-    value = meta_info.get(META_KEY)
-    if isinstance(value, list) and value:
-        meta_info[META_KEY] = value[-1]
-    return result
-
-
 def after_weight_update(result: Any, manager: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``SchedulerWeightUpdaterManager.update_weights_from_*``: SGLang loads new weights into the
     running model; the maps were fitted to the old ones, so RidgeFill turns itself off (every response then
@@ -352,6 +355,7 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
 
     HookRegistry.register(ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
+    HookRegistry.register(META_INFO, around_update_request_meta_info, HookType.AROUND)
     _register_attention_backend()
     if not enabled:
         return ALWAYS_TARGETS
@@ -365,7 +369,6 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(PREFILL_GRAPH, around_prefill_graph, HookType.AROUND)
     HookRegistry.register(DECODE_GRAPH, around_decode_graph, HookType.AROUND)
     HookRegistry.register(REQUEST_LEVEL_INFO, around_request_level_info, HookType.AROUND)
-    HookRegistry.register(META_INFO, around_update_request_meta_info, HookType.AROUND)
     for target in WEIGHT_UPDATES:
         HookRegistry.register(target, after_weight_update, HookType.AFTER)
     for target in MODEL_FORWARDS:

@@ -56,3 +56,33 @@ def test_enabled_hooks_apply(cpu_sglang):
     targets = patches.register_hooks(True)
     patches.verify_hooks(targets)
     assert patches.missing_hooks(targets) == []
+
+
+def test_meta_info_is_one_dict_in_the_http_process():
+    """The HTTP process loads plugins before it parses ``--prefill-backend``, so it registers only the
+    always-on hooks; the one that turns SGLang's accumulated list into ``meta_info["ridgefill"]``'s dict
+    must be among them."""
+    import subprocess
+    import sys
+
+    from sgl_ridgefill.cpu.environment import cpu_environment
+
+    code = (
+        "from types import SimpleNamespace\n"
+        "from sgl_ridgefill.cpu.environment import apply_cpu_environment\n"
+        "apply_cpu_environment()\n"
+        "from sgl_ridgefill import plugin\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+        "plugin.register()\n"
+        "HookRegistry.apply_hooks()\n"
+        "from sglang.srt.managers.tokenizer_manager import TokenizerManager\n"
+        "meta = {}\n"
+        "state = SimpleNamespace(customized_info_accumulated={}, customized_info_reported_keys=set())\n"
+        "info = {'ridgefill': [[{'ran': False, 'reason': 'r'}]]}\n"
+        "TokenizerManager.update_request_meta_info(TokenizerManager.__new__(TokenizerManager), meta, state, info, 0, None)\n"
+        "print(meta['ridgefill'])\n"
+    )
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "{'ran': False, 'reason': 'r'}"
