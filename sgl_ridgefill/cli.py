@@ -18,6 +18,7 @@ COMMANDS = (
     ("sgl_ridgefill.bench.cli", "bench: TTFT of exact vs RidgeFill against a running server"),
     ("sgl_ridgefill.eval.cli", "eval: needles in the filled region, key-token loss, splice tests, agreement"),
     ("sgl_ridgefill.demo", "demo: the main job end to end on CPU"),
+    ("sgl_ridgefill.soak.cli", "soak: concurrent clients and a fuzzer against a RidgeFill server, exact answers vs stock"),
 )
 
 
