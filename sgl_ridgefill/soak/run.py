@@ -86,15 +86,16 @@ def sequential(url: str, bodies: Sequence[dict], deadline: float) -> list[Outcom
     return out
 
 
-def _live_requests(url: str) -> float | None:
-    """``ridgefill_live_requests`` once it is 0, or its last value after :data:`SETTLE_S` (None: absent)."""
+def _live_requests(url: str) -> dict:
+    """``ridgefill_live_requests`` once it is 0, or its last value after :data:`SETTLE_S` (None: absent),
+    beside SGLang's own running and queued request gauges at that moment."""
     deadline = time.monotonic() + SETTLE_S
-    value = None
     while True:
-        text = read_metrics(url)
-        value = metric_value(text, LIVE_GAUGE) if text is not None else None
+        text = read_metrics(url) or ""
+        value = metric_value(text, LIVE_GAUGE)
         if value == 0 or time.monotonic() > deadline:
-            return value
+            return {"live_requests": value, "sglang_running_requests": metric_value(text, "sglang:num_running_reqs"),
+                    "sglang_queued_requests": metric_value(text, "sglang:num_queue_reqs")}
         time.sleep(1.0)
 
 
@@ -154,7 +155,7 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
     fill_effect = C.fill_effect([o for o, _ in filled], fill_stock, exact["concurrent"]["tolerance"])
 
     final_ok, final = (False, "server down") if crashed else _final_request(rf.url, cfg.shape)
-    live = _live_requests(rf.url) if not crashed else None
+    live = _live_requests(rf.url) if not crashed else {"live_requests": None}
     alive = rf.alive
     tracebacks, excerpts = log_excerpts(rf.log_path)
     summary = {
@@ -164,7 +165,7 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
         "fuzz": fuzz or {},
         "server": {
             "healthy_at_end": healthy(rf.url), "final_request_ok": final_ok, "final_request": final,
-            "live_requests": live, "crashes": int(crashed or not alive), "log_tracebacks": tracebacks,
+            **live, "crashes": int(crashed or not alive), "log_tracebacks": tracebacks,
             "first_log_tracebacks": excerpts, "stock_alive": stock.alive,
         },
         "run": {"seed": cfg.seed, "clients": cfg.clients, "skipped_jobs": skipped, "soak_s": round(soak_s, 1),

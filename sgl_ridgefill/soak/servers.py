@@ -4,8 +4,9 @@ reads from them (health, the live-request gauge, the scheduler log).
 Both run through the same CPU launcher, so both use the ``ridgefill_cpu`` attention backend; the stock
 server only lacks ``--prefill-backend ridgefill`` (and the ``--ridgefill-*`` settings), which is what
 "byte-identical with RidgeFill off" compares against. The RidgeFill server runs a small prefill chunk (a
-prompt spans several), the diagnostics (every arm and control), every shipped policy by name, and a policy
-with a cache namespace served as its own policy, while its flags keep ``no_insert`` as the default mode.
+prompt spans several), the diagnostics (every arm and control), every shipped policy by name, and its own
+policy (attention-selected rows, a cache namespace) selectable by name, while its flags keep ``no_insert`` as
+the default cache mode.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class ServedModel:
 
     model: pathlib.Path
     maps: pathlib.Path
-    split: int | None  # None: the maps' default split
+    split: int  # the split layer the server runs (the maps' default unless one was asked for)
     tail: int
     vocab_size: int
     tiny: bool = False
@@ -55,17 +56,26 @@ def served_model(model: pathlib.Path, maps: pathlib.Path, split: int | None, tai
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     if not isinstance(vocab, int):
         raise ValueError(f"{model}/config.json has no vocab_size")
+    if split is None:
+        split = json.loads((maps / "manifest.json").read_text()).get("default_split")
+        if not isinstance(split, int):
+            raise ValueError(f"{maps}/manifest.json has no default split; pass --split")
     return ServedModel(model, maps, split, tail, vocab)
 
 
-def write_namespace_policy(path: pathlib.Path, split: int | None, tail: int) -> pathlib.Path:
-    """The policy the RidgeFill server serves as its own, selected by name (``soak-namespace``): the plain
-    fill with a cache namespace, so that requests naming it share filled KV among themselves."""
-    lines = [f'policy "{NAMESPACE_POLICY}" {{', "  arm ridgefill"]
-    if split is not None:
-        lines.append(f"  split {split}")
-    lines += [f"  tail {tail}", "  cache namespace", "}", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path:
+    """The RidgeFill server's own policy, also selected by name (``soak-namespace``): rows selected by the
+    attention of the last 8 prompt tokens and of the 8 before the tail (both windows RELIABILITY_FINDINGS C5
+    reaches after a radix hit), and a cache namespace, so that requests naming it share filled KV among
+    themselves. The server's ``--ridgefill-cache-mode no_insert`` keeps the default requests out of it."""
+    layer = split - 1  # an attention layer below the split (the tiny model and Qwen2.5 attend in every layer)
+    window = f"q=8, share=5%, layers=[{layer}]"
+    text = (
+        f'policy "{NAMESPACE_POLICY}" {{\n  arm ridgefill\n  split {split}\n  tail {tail}\n'
+        f'  select attention_topk({window}) | attention_topk({window}, query="before_tail")\n'
+        f"  cache namespace\n}}\n"
+    )
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -89,7 +99,7 @@ def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, 
 def local_servers(served: ServedModel, workdir: pathlib.Path, chunk: int, context_length: int,
                   timeout: float = 900) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both."""
-    policy = write_namespace_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
+    policy = write_soak_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
     rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length),
                        log_path=workdir / "ridgefill-server.log", env=env)

@@ -170,15 +170,17 @@ class _Builder:
     def _single(self, index: int, kind: str) -> Job:
         ids, shared = self.prompts.draw()
         ridgefill, extra = self._params(kind, len(ids))
-        short = len(ids) <= self.shape.tail
+        tail = ridgefill.get("tail") if isinstance(ridgefill, dict) else None
+        short = len(ids) <= (tail or self.shape.tail)  # a prompt no longer than its tail runs exactly
         exact = True if kind in ("exact_disabled", "exact_arm", "named_plain", "prompt_logprobs") or short else None
         call = Call(ids, self.new_tokens(), ridgefill, rid=self.rid(index), extra=extra, exact=exact)
         return Job(index, kind, (call,), tags=_tags(ids, shared, self.shape))
 
     def _params(self, kind: str, n: int) -> tuple[Any, tuple[tuple[str, Any], ...]]:
         rng = self.rng
-        if kind == "ridgefill":
-            return rng.choice([{}, {"arm": "ridgefill"}, "ridgefill", True]), ()
+        if kind == "ridgefill":  # the server's policy (selected rows, no_insert), other tails, the plain fill
+            return rng.choice([{}, {"arm": "ridgefill"}, "ridgefill", True, {"tail": rng.choice([1, 4, 8, 64])},
+                               {"policy": "plain", "tail": self.shape.tail}]), ()
         if kind == "identity":
             return {"arm": "identity"}, ()
         if kind == "nofill":
@@ -192,8 +194,9 @@ class _Builder:
         if kind == "splice":
             return {"splice": rng.choice(["keys", "values", "both", "key_norm"])}, ()
         if kind == "namespace":
-            return rng.choice([NAMESPACE_POLICY, {"policy": NAMESPACE_POLICY, "arm": "identity"},
-                               {"policy": NAMESPACE_POLICY, "exact_every": 4}]), ()
+            return rng.choice([NAMESPACE_POLICY, NAMESPACE_POLICY, {"policy": NAMESPACE_POLICY, "arm": "identity"},
+                               {"policy": NAMESPACE_POLICY, "exact_every": 4},
+                               {"policy": NAMESPACE_POLICY, "tail": rng.choice([4, 64])}]), ()
         if kind == "exact_disabled":
             return rng.choice([{"enabled": False}, False]), ()
         if kind == "exact_arm":

@@ -78,8 +78,13 @@ def test_expectations():
                 assert call.exact is True
             if job.kind in ("bad_params", "sampling_mask", "reserved_key", "too_long"):
                 assert call.expect == "refused"
-            if len(call.input_ids) <= SHAPE.tail and call.expect == "ok" and job.session is None:
-                assert call.exact is True  # a prompt no longer than the tail always runs exactly
+            if call.expect != "ok" or job.session is not None:
+                continue
+            tail = call.ridgefill.get("tail", SHAPE.tail) if isinstance(call.ridgefill, dict) else SHAPE.tail
+            if len(call.input_ids) <= tail:
+                assert call.exact is True  # a prompt no longer than its tail always runs exactly
+            if tail < SHAPE.tail < len(call.input_ids) and job.kind == "ridgefill":
+                assert call.exact is None  # a shorter tail than the server's: RidgeFill may run
     sampling_mask = next(j for j in jobs if j.kind == "sampling_mask").calls[0].body()
     assert sampling_mask["return_sampling_mask"] is True and sampling_mask["sampling_params"]["temperature"] == 1.0
     plain = [j.calls[0].body() for j in jobs if j.kind == "plain"]
