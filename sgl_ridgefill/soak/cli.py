@@ -17,6 +17,7 @@ import json
 import pathlib
 import sys
 import tempfile
+import time
 
 DEFAULT_CHUNK = 48
 DEFAULT_CONTEXT = 512
@@ -87,6 +88,7 @@ def _main(args) -> int:
     from .workload import Shape
 
     _check_args(args)
+    started = time.monotonic()
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rf-soak-")))
         workdir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,10 @@ def _main(args) -> int:
             stock = Target(stock_proc.url, stock_proc, stock_proc.log_path)
         cfg = SoakConfig(requests=args.requests, clients=args.clients, seed=args.seed, fuzz=args.fuzz, shape=shape,
                          max_minutes=args.max_minutes, maps_dir=served.maps, environment=environment(served, args))
+        setup_s = time.monotonic() - started
         summary = run_soak(cfg, rf, stock)
+    # setup: the tiny model and the servers' start; wall: the whole command
+    summary["run"].update(setup_s=round(setup_s, 1), command_wall_s=round(time.monotonic() - started, 1))
     text = json.dumps(summary, indent=2, default=repr)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

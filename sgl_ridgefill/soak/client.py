@@ -98,7 +98,7 @@ def _parse(resp) -> tuple[dict | None, str | None]:
 
 
 class Runner:
-    """Sends jobs to one server. ``send(body)`` results are recorded as :class:`Outcome` objects."""
+    """Sends jobs (or plain bodies) to one server; what each call got is an :class:`Outcome`."""
 
     def __init__(self, url: str):
         self.http = _Http(url)

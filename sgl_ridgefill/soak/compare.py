@@ -66,6 +66,7 @@ class ExactCase:
     body: dict
     ridgefill_body: dict
     answer: Answer
+    must_be_exact: bool = False  # the call itself (not the cache or the load) made it exact
 
     @property
     def label(self) -> str:
@@ -127,7 +128,8 @@ def exact_cases(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> tuple[list[
         if meta["ran"] or out.prompt is None:
             continue
         cases.append(ExactCase(out.job, out.call, out.kind, meta["reason"], replay_body(call, out.prompt),
-                               replay_body(call, out.prompt, call.ridgefill), Answer.of(out.response)))
+                               replay_body(call, out.prompt, call.ridgefill), Answer.of(out.response),
+                               must_be_exact=bool(call.exact)))
     return cases, failures
 
 
@@ -203,7 +205,7 @@ def compare(cases: Sequence[ExactCase], ridgefill_sequential: Sequence[Outcome |
     return {
         "cases": len(cases),
         "replays_missing": missing,
-        "by_reason": _count(re.sub(r"\d+", "N", c.reason) for c in cases),
+        "by_reason": count_reasons(cases),
         "sequential": {
             "method": "each prompt alone on each server, /flush_cache before each; ids and logprobs bit-equal",
             "compared": seq_n, "mismatches": len(seq_bad), "first": seq_bad[:SHOWN],
@@ -242,8 +244,10 @@ def fill_effect(ridgefill: Sequence[Outcome], stock: Sequence[Outcome | None], t
     }
 
 
-def _count(values) -> dict[str, int]:
+def count_reasons(cases) -> dict[str, int]:
+    """Cases per exact reason (numbers shown as N), most frequent first."""
     out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
+    for case in cases:
+        reason = re.sub(r"\d+", "N", case.reason)
+        out[reason] = out.get(reason, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -181,18 +181,20 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
 def _ridgefill_sequential(url: str, cases, deadline: float, crashed: bool):
     """The exact calls replayed one at a time on the RidgeFill server with their own parameters. A call that
     was exact because the radix cache held its prefix runs RidgeFill on a flushed cache: it is replayed
-    once more with ``{"enabled": false}`` (counted). Returns the answers, that count, and replays that
-    still did not run exactly."""
+    once more with ``{"enabled": false}`` (counted by reason). Returns the answers, those counts, and the
+    replays that ran RidgeFill where the call itself had to run exactly, or that still did not run exactly."""
     if crashed:
-        return [None] * len(cases), 0, []
+        return [None] * len(cases), {}, []
     answers = sequential(url, [c.ridgefill_body for c in cases], deadline)
     again = [i for i, o in enumerate(answers) if o is not None and o.finished and C.meta_problem(o) is None
              and C.ridgefill_meta(o)["ran"]]
     for i, o in zip(again, sequential(url, [C.forced_exact(cases[i].body) for i in again], deadline)):
         answers[i] = o
-    failing = [f"replay of {cases[i].label}: {C.meta_problem(o) or C.ridgefill_meta(o)}" for i, o in enumerate(answers)
-               if o is not None and o.finished and (C.meta_problem(o) or C.ridgefill_meta(o)["ran"])]
-    return answers, len(again), failing
+    failing = [f"replay of {cases[i].label} had to run exactly but ran RidgeFill" for i in again
+               if cases[i].must_be_exact]
+    failing += [f"replay of {cases[i].label}: {C.meta_problem(o) or C.ridgefill_meta(o)}" for i, o in enumerate(answers)
+                if o is not None and o.finished and (C.meta_problem(o) or C.ridgefill_meta(o)["ran"])]
+    return answers, C.count_reasons(cases[i] for i in again), failing
 
 
 def _filled_sample(jobs, outcomes) -> list[tuple[Outcome, dict]]:
