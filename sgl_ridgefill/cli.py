@@ -19,6 +19,7 @@ COMMANDS = (
     ("sgl_ridgefill.gpu_check.cli", "gpu-check: kernels and SGLang's Triton attention on a GPU; stock vs RidgeFill servers"),
     ("sgl_ridgefill.eval.cli", "eval: needles in the filled region, key-token loss, splice tests, agreement"),
     ("sgl_ridgefill.demo", "demo: the main job end to end on CPU"),
+    ("sgl_ridgefill.soak.cli", "soak: concurrent clients and a fuzzer against a RidgeFill server, exact answers vs stock"),
 )
 
 

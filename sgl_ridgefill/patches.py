@@ -37,7 +37,7 @@ REQUEST_LEVEL_INFO = (
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
     "is_request_level_customized_info_key"
 )
-META_INFO = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info"
+GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
 _WEIGHTS = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager."
 WEIGHT_UPDATES = tuple(
     _WEIGHTS + name
@@ -49,7 +49,7 @@ MODEL_FORWARDS = (
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
 )
-ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, META_INFO)
+ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, GENERATE)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
     REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
@@ -326,16 +326,24 @@ def around_request_level_info(original, streamer: Any, key: str, *args: Any, **k
     return key == META_KEY or original(streamer, key, *args, **kwargs)
 
 
-def around_update_request_meta_info(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
-    """AROUND ``TokenizerManager.update_request_meta_info``: SGLang accumulates customized info into lists;
-    RidgeFill's summary arrives once and is shown as the dict it is: ``meta_info["ridgefill"]``."""
+def around_generate_request(original, manager: Any, *args: Any, **kwargs: Any):
+    """AROUND ``TokenizerManager.generate_request`` (an async generator: every response of ``/generate``,
+    the OpenAI API and ``Engine.generate`` passes through it, each streamed chunk too): SGLang accumulates a
+    request's customized info into lists; RidgeFill's summary is one dict per request, and every response
+    that carries it shows it as that dict, ``meta_info["ridgefill"]``."""
+    return _summaries_as_dicts(original(manager, *args, **kwargs))
+
+
+async def _summaries_as_dicts(responses):
     from .runtime.state import META_KEY
 
-    result = original(manager, meta_info, *args, **kwargs)
-    value = meta_info.get(META_KEY)
-    if isinstance(value, list) and value:
-        meta_info[META_KEY] = value[-1]
-    return result
+    async for out in responses:
+        for one in out if isinstance(out, list) else (out,):
+            meta = one.get("meta_info") if isinstance(one, dict) else None
+            value = meta.get(META_KEY) if isinstance(meta, dict) else None
+            if isinstance(value, list) and value:
+                meta[META_KEY] = value[-1]
+        yield out
 
 
 def after_weight_update(result: Any, manager: Any, *args: Any, **kwargs: Any) -> None:
@@ -357,7 +365,7 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
 
     HookRegistry.register(ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
-    HookRegistry.register(META_INFO, around_update_request_meta_info, HookType.AROUND)
+    HookRegistry.register(GENERATE, around_generate_request, HookType.AROUND)
     _register_attention_backend()
     if not enabled:
         return ALWAYS_TARGETS

@@ -56,3 +56,50 @@ def test_enabled_hooks_apply(cpu_sglang):
     targets = patches.register_hooks(True)
     patches.verify_hooks(targets)
     assert patches.missing_hooks(targets) == []
+
+
+def test_meta_info_is_one_dict_in_the_http_process():
+    """The HTTP process loads plugins before it parses ``--prefill-backend``, so it registers only the
+    always-on hooks; the one that shows ``meta_info["ridgefill"]`` as one dict must be among them."""
+    import subprocess
+    import sys
+
+    from sgl_ridgefill.cpu.environment import cpu_environment
+
+    code = (
+        "from sgl_ridgefill.cpu.environment import apply_cpu_environment\n"
+        "apply_cpu_environment()\n"
+        "from sgl_ridgefill import patches, plugin\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+        "plugin.register()\n"
+        "HookRegistry.apply_hooks()\n"
+        "print(patches.missing_hooks((patches.GENERATE,)))\n"
+    )
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_response_and_streamed_chunk_shows_one_summary_dict():
+    """SGLang accumulates customized info into lists (a streamed request's later chunks too); each response
+    that carries the summary shows it as the dict."""
+    import asyncio
+
+    from sgl_ridgefill.patches import _summaries_as_dicts
+
+    summary = {"ran": False, "reason": "r"}
+
+    async def responses():
+        yield {"meta_info": {"ridgefill": [summary]}}  # the first chunk
+        yield {"meta_info": {"ridgefill": [summary], "id": 1}}  # a later chunk: SGLang copies the list again
+        yield [{"meta_info": {"ridgefill": [summary]}}, {"meta_info": {}}]  # a batch request
+        yield {"text": "no meta"}
+
+    async def collect():
+        return [out async for out in _summaries_as_dicts(responses())]
+
+    first, later, batch, plain = asyncio.run(collect())
+    assert first["meta_info"]["ridgefill"] == summary and later["meta_info"]["ridgefill"] == summary
+    assert batch[0]["meta_info"]["ridgefill"] == summary and "ridgefill" not in batch[1]["meta_info"]
+    assert plain == {"text": "no meta"}

@@ -1,10 +1,14 @@
-"""Random-weight benchmark artifacts: a model of a real shape and a maps folder for it.
+"""Random-weight artifacts: models of a real or a tiny shape and maps folders for them.
 
 Speed does not depend on the weights, only on the shape, so TTFT can be measured without a model hub:
 ``make_random_model`` writes an HF folder (bf16 safetensors) of a Qwen2 or Llama shape (:data:`SHAPES`)
 under a fixed seed, and ``make_near_identity_maps`` writes a valid maps folder for it (``A = I + noise``,
 ``b = 0``) with the model's own fingerprint, so a RidgeFill server accepts it. Neither says anything about
 quality.
+
+``make_tiny_checkpoint`` (a 4-layer float32 Llama, Qwen2 or Qwen3 with a small trained tokenizer) and
+``make_tiny_maps`` (maps far enough from the identity that a fill differs visibly from exact prefill) are
+what the engine tests and ``sgl-ridgefill soak --tiny`` serve.
 
     python -m sgl_ridgefill.bench.synthetic --out /tmp/rfbench          # model/ and maps-s12/
     python -m sgl_ridgefill.bench.synthetic --out /tmp/rf8b --shape llama-3.1-8b --device cuda
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import inspect
 import json
 import pathlib
 from collections.abc import Sequence
@@ -109,6 +115,38 @@ def make_random_model(
     return out_dir
 
 
+def near_identity_maps(
+    n_upper: int, d: int, *, noise: float, bias_noise: float = 0.0, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``A: [n_upper, d, d] = I + noise * G``, ``b: [n_upper, d] = bias_noise * g`` (``G``, ``g`` standard
+    normal from one generator seeded with ``seed``, ``A``'s draw first; ``b = 0`` draws nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.eye(d).expand(n_upper, d, d) + noise * torch.randn(n_upper, d, d, generator=gen)
+    b = bias_noise * torch.randn(n_upper, d, generator=gen) if bias_noise else torch.zeros(n_upper, d)
+    return a.contiguous(), b
+
+
+def write_maps_for_model(
+    model, out_dir: str | pathlib.Path, split: int, a: torch.Tensor, b: torch.Tensor, *,
+    meta: dict | None = None, force: bool = False, **folder_kwargs,
+) -> pathlib.Path:
+    """Write ``a: [L - split, d, d]``, ``b: [L - split, d]`` as a maps folder at ``split`` carrying the
+    fingerprint of ``model`` (a loaded HF causal LM), so a server on that model accepts it."""
+    from ..maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
+
+    fingerprint = model_fingerprint(
+        model.config.to_dict(), model.model.embed_tokens.weight, model.model.norm.weight, hf_fingerprint_layers(model)
+    )
+    return write_maps_folder(
+        out_dir, [SplitMaps(split, a, b, meta or {"lambda": None})], model=fingerprint, force=force, **folder_kwargs
+    )
+
+
+def _check_split(split: int, num_layers: int, model_dir) -> None:
+    if not 1 <= split < num_layers:
+        raise ValueError(f"split {split} is outside 1..{num_layers - 1} for the {num_layers}-layer model in {model_dir}")
+
+
 def make_near_identity_maps(
     model_dir: str | pathlib.Path,
     out_dir: str | pathlib.Path,
@@ -125,26 +163,119 @@ def make_near_identity_maps(
     """
     from transformers import AutoModelForCausalLM
 
-    from ..maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    config = model.config
-    num_layers, d = config.num_hidden_layers, config.hidden_size
-    if not 1 <= split < num_layers:
-        raise ValueError(f"split {split} is outside 1..{num_layers - 1} for the {num_layers}-layer model in {model_dir}")
-    gen = torch.Generator().manual_seed(seed)
-    n_upper = num_layers - split
-    a = torch.eye(d).expand(n_upper, d, d) + noise / d**0.5 * torch.randn(n_upper, d, d, generator=gen)
-    fingerprint = model_fingerprint(
-        config.to_dict(), model.model.embed_tokens.weight, model.model.norm.weight, hf_fingerprint_layers(model)
-    )
-    return write_maps_folder(
-        out_dir,
-        [SplitMaps(split, a, torch.zeros(n_upper, d), {"lambda": None, "kind": "near-identity", "noise": noise})],
-        model=fingerprint,
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+    num_layers, d = model.config.num_hidden_layers, model.config.hidden_size
+    _check_split(split, num_layers, model_dir)
+    a, b = near_identity_maps(num_layers - split, d, noise=noise / d**0.5, seed=seed)
+    return write_maps_for_model(
+        model, out_dir, split, a, b, meta={"lambda": None, "kind": "near-identity", "noise": noise}, force=force,
         calibration={"kind": "near-identity", "documents": 0, "tokens": 0, "longest_document_tokens": 0},
-        force=force,
     )
+
+
+# ----------------------------------------------------------------------------- tiny models (tests, soak)
+TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+TINY_VOCAB_SIZE = 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _training_text() -> list[str]:
+    """Real text to train the tiny tokenizer on: the standard library's own sources."""
+    import asyncio  # any stdlib module with plenty of prose and code
+
+    stdlib = pathlib.Path(inspect.getsourcefile(asyncio)).parent.parent
+    files = sorted(stdlib.glob("*.py"))[:40]
+    return [f.read_text(errors="ignore") for f in files]
+
+
+def make_tokenizer(out_dir: pathlib.Path, vocab_size: int = TINY_VOCAB_SIZE):
+    """Train a small byte-level BPE tokenizer and save it as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_text(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|bos|>")
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def _tiny_config(family: str, num_layers: int, hidden_size: int, vocab_size: int, tie: bool):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=32768,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=0,
+    )
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "qwen2":
+        return Qwen2Config(**common)
+    if family == "qwen3":
+        return Qwen3Config(head_dim=hidden_size // 4, **common)
+    raise ValueError(f"unknown family {family!r}; expected one of {TINY_FAMILIES}")
+
+
+def make_tiny_checkpoint(
+    path: str | pathlib.Path,
+    family: str = "llama",
+    num_layers: int = 4,
+    hidden_size: int = 128,
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    tie_word_embeddings: bool = False,
+    init_std: float = 0.05,
+) -> pathlib.Path:
+    """Write an HF folder (config, float32 safetensors weights, optionally a tokenizer) for a random model.
+
+    Weights come from the model class's own initialiser under a fixed seed, not ``--load-format dummy``:
+    dummy weights are so small that every logprob is ``log(1/V)`` and every comparison passes trivially.
+    ``init_std`` is larger than the HF default (0.02) so the residual stream changes visibly from layer
+    to layer: fills then differ measurably from exact prefill, and exactness tests can fail.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = _tiny_config(family, num_layers, hidden_size, TINY_VOCAB_SIZE, tie_word_embeddings)
+    config.initializer_range = init_std
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    if with_tokenizer:
+        make_tokenizer(path)
+    return path
+
+
+def make_tiny_maps(
+    model_dir: str | pathlib.Path, out_dir: str | pathlib.Path, *, split: int, seed: int = 1, force: bool = False
+) -> pathlib.Path:
+    """Maps for a tiny checkpoint at ``split``: near the identity (``A = I + 0.05 G``, ``b = 0.02 g``) with
+    enough noise that RidgeFill, identity fill and exact prefill all differ. Stored in the maps folder's
+    default quantisation (bf16): read them back with ``load_maps`` for a reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    num_layers, d = model.config.num_hidden_layers, model.config.hidden_size
+    _check_split(split, num_layers, model_dir)
+    a, b = near_identity_maps(num_layers - split, d, noise=0.05, bias_noise=0.02, seed=seed)
+    return write_maps_for_model(model, out_dir, split, a, b, force=force)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""Start and stop an SGLang server from Python (the demo, benchmarks, the GPU check), waiting until it is
-healthy; by default the CPU launcher."""
+"""Start and stop an SGLang server from Python (the demo, benchmarks, the soak, the GPU check), waiting until
+it is healthy; by default the CPU launcher."""
 
 from __future__ import annotations
 
@@ -19,43 +19,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def running_server(
-    flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None,
-    command: list[str] | None = None,
-):
-    """Yield the base URL of ``python -m sgl_ridgefill.cpu.launch_server FLAGS``; stop it afterwards.
+class ServerProcess:
+    """``python -m sgl_ridgefill.cpu.launch_server FLAGS`` (or ``command FLAGS``) on a free local port.
 
-    ``env``: the server's whole environment (default: this process's, set up for CPU); ``command``: what
-    runs instead of the CPU launcher (``[python, "-m", "sglang.launch_server"]`` on a GPU machine)."""
-    import requests
+    ``start`` returns at once, so several servers can start side by side; ``wait_ready`` blocks until
+    ``/health`` answers 200; ``alive`` says whether the process still runs (a scheduler crash takes the
+    whole server down); ``stop`` terminates it. ``env``: the server's whole environment (default: this
+    process's, set up for CPU); ``command``: what runs instead of the CPU launcher
+    (``[python, "-m", "sglang.launch_server"]`` on a GPU machine)."""
 
-    port = free_port()
-    launcher = command or [sys.executable, "-m", "sgl_ridgefill.cpu.launch_server"]
-    cmd = [*launcher, *flags, "--host", "127.0.0.1", "--port", str(port)]
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=env or cpu_environment(), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    def __init__(
+        self, flags: list[str], *, log_path: pathlib.Path | None = None, env: dict | None = None,
+        command: list[str] | None = None,
+    ):
+        self.flags = list(flags)
+        self.command = command or [sys.executable, "-m", "sgl_ridgefill.cpu.launch_server"]
+        self.log_path = log_path
+        self.env = env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self) -> ServerProcess:
+        cmd = [*self.command, *self.flags, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, env=self.env or cpu_environment(), stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        import requests
+
         deadline = time.time() + timeout
         while True:
-            if proc.poll() is not None:
-                where = f"; see {log_path}" if log_path else ""
-                raise RuntimeError(f"the server exited with code {proc.returncode} while starting{where}")
+            if not self.alive:
+                where = f"; see {self.log_path}" if self.log_path else ""
+                code = self.proc.returncode if self.proc is not None else None
+                raise RuntimeError(f"the server exited with code {code} while starting{where}")
             try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
             except requests.RequestException:
                 pass
             if time.time() > deadline:
                 raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
             time.sleep(2)
-        yield url
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=60)
+        if self.log_path and self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@contextlib.contextmanager
+def running_server(
+    flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None,
+    command: list[str] | None = None,
+):
+    """Yield the base URL of a :class:`ServerProcess`; stop it afterwards."""
+    server = ServerProcess(flags, log_path=log_path, env=env, command=command).start()
+    try:
+        server.wait_ready(timeout)
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if log_path:
-            log.close()
+        server.stop()

@@ -7,21 +7,11 @@ import functools
 import pytest
 import torch
 
-from tests.support.models import make_tiny_checkpoint
+from sgl_ridgefill.bench.synthetic import make_tiny_checkpoint, make_tiny_maps
 from tests.support.reference import Reference
 
 SPLIT = 2
 NUM_LAYERS = 4
-
-
-def random_maps(hf_model, split: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Maps near the identity with enough noise that RidgeFill and identity fill differ."""
-    d = hf_model.config.hidden_size
-    n_upper = hf_model.config.num_hidden_layers - split
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.eye(d).expand(n_upper, d, d) + 0.05 * torch.randn(n_upper, d, d, generator=gen)
-    b = 0.02 * torch.randn(n_upper, d, generator=gen)
-    return a.contiguous(), b
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,21 +25,14 @@ class TinyModel:
     """A random checkpoint, its HF twin, the reference oracle and a maps folder at ``SPLIT``."""
 
     def __init__(self, root, family: str):
-        from sgl_ridgefill.maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
+        from sgl_ridgefill.maps import load_maps
 
         self.family = family
         self.path = make_tiny_checkpoint(root / family, family=family, num_layers=NUM_LAYERS)
         self.hf = _load_hf(str(self.path))
         self.ref = Reference(self.hf)
-        # Maps stored in float32-exact form: bf16 storage would round them, so the reference reads them back.
-        a, b = random_maps(self.hf, SPLIT)
-        hf = self.hf
-        fingerprint = model_fingerprint(
-            hf.config.to_dict(), hf.model.embed_tokens.weight, hf.model.norm.weight, hf_fingerprint_layers(hf)
-        )
-        self.maps_dir = write_maps_folder(root / f"{family}-maps", [SplitMaps(SPLIT, a, b, {"lambda": None})], model=fingerprint)
-        from sgl_ridgefill.maps import load_maps
-
+        # The maps are stored in bf16, which rounds them, so the reference reads them back.
+        self.maps_dir = make_tiny_maps(self.path, root / f"{family}-maps", split=SPLIT)
         a_stored, b_stored = load_maps(self.maps_dir).load_split(SPLIT, dtype=torch.float32)
         self.maps = (a_stored, b_stored)
 

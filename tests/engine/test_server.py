@@ -95,6 +95,23 @@ def test_a_shorter_prompt_never_reads_filled_rows_in_its_tail(server):
     assert_top_close(short, model.expected_top(ids[:100], split=SPLIT, tail=TAIL))
 
 
+def test_every_streamed_chunk_says_what_ran(server):
+    """A streamed response carries meta_info["ridgefill"] as the one summary dict, to the last chunk."""
+    import json
+
+    _, url = server
+    body = {"input_ids": prompt(43, 150), "stream": True,
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0, "custom_params": {"ridgefill": {}}}}
+    with requests.post(url + "/generate", json=body, timeout=300, stream=True) as resp:
+        assert resp.status_code == 200
+        chunks = [json.loads(line[len(b"data: "):]) for line in resp.iter_lines()
+                  if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    assert len(chunks) >= 2
+    for chunk in chunks:
+        meta = chunk["meta_info"]["ridgefill"]
+        assert isinstance(meta, dict) and meta["ran"] and meta["tail"] == TAIL
+
+
 def test_openai_client_extra_body(server):
     openai = pytest.importorskip("openai")
     model, url = server

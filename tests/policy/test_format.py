@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 
 from sgl_ridgefill.policy import builtin_policy_names, builtin_policy_path, format_policy, parse_policy
+from sgl_ridgefill.policy.strategies import policies
 
 from .helpers import parse
-from .strategies import policies
 
 MESSY = """# head
 policy   "p"{arm ridgefill # the arm

@@ -5,24 +5,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sgl_ridgefill.policy import (
-    PolicyError,
-    builtin_policy_names,
-    builtin_policy_path,
-    compile_policy,
-    format_policy,
-    parse_policy,
-)
+from sgl_ridgefill.policy import PolicyError, builtin_policy_names, compile_policy, format_policy, parse_policy
+from sgl_ridgefill.policy.strategies import PIECES, mutated_shipped, policies
 
 from .helpers import deployment_for
-from .strategies import policies
 
-SHIPPED = [builtin_policy_path(n).read_text(encoding="utf-8") for n in builtin_policy_names()]
-PIECES = [
-    "policy", '"p"', "{", "}", "arm", "ridgefill", "exact", "split", "tail", "cache", "select", "budget", "reserve",
-    "up", "to", "plus", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
-    "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
-]
 FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -53,25 +40,6 @@ def test_random_text(text):
 @given(st.booleans(), st.lists(st.sampled_from(PIECES), max_size=40).map(" ".join))
 def test_random_token_sequences(framed, text):
     _check(f'policy "p" {{ {text} }}' if framed else text)
-
-
-@st.composite
-def mutated_shipped(draw):
-    text = draw(st.sampled_from(SHIPPED))
-    for _ in range(draw(st.integers(1, 4))):
-        i = draw(st.integers(0, len(text)))
-        j = draw(st.integers(i, min(len(text), i + 12)))
-        op = draw(st.sampled_from(["insert", "delete", "replace", "duplicate"]))
-        piece = draw(st.one_of(st.sampled_from(PIECES), st.text(max_size=3)))
-        if op == "insert":
-            text = text[:i] + piece + text[i:]
-        elif op == "delete":
-            text = text[:i] + text[j:]
-        elif op == "replace":
-            text = text[:i] + piece + text[j:]
-        else:
-            text = text[:j] + text[i:j] + text[j:]
-    return text
 
 
 @FUZZ

@@ -1,11 +1,18 @@
-"""Hypothesis strategies for policy trees, biased toward names the compiler knows."""
+"""Hypothesis strategies for ``.rfpolicy`` input: policy trees biased toward names the compiler knows, and
+policy texts (formatted trees, random text, random token sequences, shipped policies with random edits).
+
+The policy tests and ``sgl-ridgefill soak --fuzz`` draw from here. Needs ``hypothesis`` (a test
+dependency), imported only by this module.
+"""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from sgl_ridgefill.policy import ast
-from sgl_ridgefill.selectors.registry import RESERVED_NAMES, SELECTORS
+from ..selectors.registry import RESERVED_NAMES, SELECTORS
+from . import ast
+from .builtin import builtin_policy_names, builtin_policy_path
+from .formatter import format_policy
 
 KNOWN_NAMES = list(SELECTORS.names()) + ["value_rescale", "terminal_state"]
 PARAM_NAMES = ["q", "share", "layers", "query", "rows", "count", "c", "offsets", "min_shared", "stopwords"]
@@ -76,3 +83,45 @@ policies = st.builds(
     trailing=comments,
 )
 
+
+
+# ----------------------------------------------------------------------------- texts
+PIECES = [
+    "policy", '"p"', "{", "}", "arm", "ridgefill", "exact", "split", "tail", "cache", "select", "budget", "reserve",
+    "up", "to", "plus", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
+    "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
+]
+
+
+def shipped_texts() -> list[str]:
+    return [builtin_policy_path(n).read_text(encoding="utf-8") for n in builtin_policy_names()]
+
+
+random_texts = st.text(max_size=200)
+token_sequences = st.builds(
+    lambda framed, text: f'policy "p" {{ {text} }}' if framed else text,
+    st.booleans(), st.lists(st.sampled_from(PIECES), max_size=40).map(" ".join),
+)
+
+
+@st.composite
+def mutated_shipped(draw):
+    """A shipped policy with one to four random inserts, deletions, replacements or duplications."""
+    text = draw(st.sampled_from(shipped_texts()))
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(text)))
+        j = draw(st.integers(i, min(len(text), i + 12)))
+        op = draw(st.sampled_from(["insert", "delete", "replace", "duplicate"]))
+        piece = draw(st.one_of(st.sampled_from(PIECES), st.text(max_size=3)))
+        if op == "insert":
+            text = text[:i] + piece + text[i:]
+        elif op == "delete":
+            text = text[:i] + text[j:]
+        elif op == "replace":
+            text = text[:i] + piece + text[j:]
+        else:
+            text = text[:j] + text[i:j] + text[j:]
+    return text
+
+
+policy_texts = st.one_of(policies.map(format_policy), random_texts, token_sequences, mutated_shipped())

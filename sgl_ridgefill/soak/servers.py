@@ -1,0 +1,152 @@
+"""The two servers a soak compares: a RidgeFill server and a stock one on the same model, and what the soak
+reads from them (health, the live-request gauge, the scheduler log).
+
+Both run through the same CPU launcher, so both use the ``ridgefill_cpu`` attention backend; the stock
+server only lacks ``--prefill-backend ridgefill`` (and the ``--ridgefill-*`` settings), which is what
+"byte-identical with RidgeFill off" compares against. The RidgeFill server runs a small prefill chunk (a
+prompt spans several), the diagnostics (every arm and control), every shipped policy by name, and its own
+policy (attention-selected rows, a cache namespace) selectable by name, while its flags keep ``no_insert`` as
+the default cache mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..cpu.environment import cpu_environment
+from ..cpu.launch_server_process import ServerProcess
+from ..settings import cli_flags
+from .workload import NAMESPACE_POLICY
+
+LIVE_GAUGE = "ridgefill_live_requests"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model folder, its maps folder and what the workload needs to know about both."""
+
+    model: pathlib.Path
+    maps: pathlib.Path
+    split: int  # the split layer the server runs (the maps' default unless one was asked for)
+    tail: int
+    vocab_size: int
+    tiny: bool = False
+
+
+def make_tiny_model(workdir: pathlib.Path, split: int = 2, tail: int = 20) -> ServedModel:
+    """A random-weight 4-layer Llama (float32, trained tiny tokenizer) and maps at ``split``, in ``workdir``
+    (reused when already there)."""
+    from ..bench.synthetic import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_maps
+
+    model, maps = workdir / "tiny-llama", workdir / f"tiny-llama-maps-s{split}"
+    if not (model / "config.json").is_file():
+        make_tiny_checkpoint(model, family="llama", num_layers=4)
+    if not (maps / "manifest.json").is_file():
+        make_tiny_maps(model, maps, split=split, force=True)
+    return ServedModel(model, maps, split, tail, TINY_VOCAB_SIZE, tiny=True)
+
+
+def served_model(model: pathlib.Path, maps: pathlib.Path, split: int | None, tail: int) -> ServedModel:
+    config = json.loads((model / "config.json").read_text())
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int):
+        raise ValueError(f"{model}/config.json has no vocab_size")
+    if split is None:
+        split = json.loads((maps / "manifest.json").read_text()).get("default_split")
+        if not isinstance(split, int):
+            raise ValueError(f"{maps}/manifest.json has no default split; pass --split")
+    return ServedModel(model, maps, split, tail, vocab)
+
+
+def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path:
+    """The RidgeFill server's own policy, also selected by name (``soak-namespace``): rows selected by the
+    attention of the last 8 prompt tokens and of the 8 before the tail (both windows RELIABILITY_FINDINGS C5
+    reaches after a radix hit), and a cache namespace, so that requests naming it share filled KV among
+    themselves. The server's ``--ridgefill-cache-mode no_insert`` keeps the default requests out of it."""
+    layer = split - 1  # an attention layer below the split (the tiny model and Qwen2.5 attend in every layer)
+    window = f"q=8, share=5%, layers=[{layer}]"
+    text = (
+        f'policy "{NAMESPACE_POLICY}" {{\n  arm ridgefill\n  split {split}\n  tail {tail}\n'
+        f'  select attention_topk({window}) | attention_topk({window}, query="before_tail")\n'
+        f"  cache namespace\n}}\n"
+    )
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def common_flags(served: ServedModel, chunk: int, context_length: int) -> list[str]:
+    dtype = "float32" if served.tiny else "bfloat16"
+    return ["--model-path", str(served.model), "--dtype", dtype, "--context-length", str(context_length),
+            "--max-total-tokens", "16384", "--mem-fraction-static", "0.05", "--chunked-prefill-size", str(chunk),
+            "--enable-metrics"]
+
+
+def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, context_length: int) -> list[str]:
+    settings = {
+        "prefill_backend": "ridgefill", "maps": str(served.maps), "split": served.split, "tail": served.tail,
+        "cache_mode": "no_insert",  # the server's flag beats its policy's cache mode; a named policy beats both
+        "policy": str(policy_file), "diagnostics": True, "request_policies": ("all",),
+    }
+    return common_flags(served, chunk, context_length) + cli_flags(settings)
+
+
+@contextlib.contextmanager
+def local_servers(served: ServedModel, workdir: pathlib.Path, chunk: int, context_length: int,
+                  timeout: float = 900) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both."""
+    policy = write_soak_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length),
+                       log_path=workdir / "ridgefill-server.log", env=env)
+    stock = ServerProcess(common_flags(served, chunk, context_length), log_path=workdir / "stock-server.log", env=env)
+    try:
+        rf.start()
+        stock.start()
+        rf.wait_ready(timeout)
+        stock.wait_ready(timeout)
+        yield rf, stock
+    finally:
+        rf.stop()
+        stock.stop()
+
+
+# ----------------------------------------------------------------------------- reading a server
+def healthy(url: str, timeout: float = 30.0) -> bool:
+    import requests
+
+    try:
+        return requests.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The sum of the samples of ``name`` (any labels) in Prometheus text, None when absent."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+(\S+)$", re.MULTILINE)
+    values = [float(v) for v in pattern.findall(text)]
+    return sum(values) if values else None
+
+
+def read_metrics(url: str) -> str | None:
+    import requests
+
+    try:
+        resp = requests.get(url.rstrip("/") + "/metrics", timeout=30)
+    except requests.RequestException:
+        return None
+    return resp.text if resp.status_code == 200 else None
+
+
+def log_excerpts(log_path: pathlib.Path | None, marker: str = "Traceback", limit: int = 3,
+                 lines: int = 25) -> tuple[int, list[str]]:
+    """How often ``marker`` occurs in a server log, and the first ``limit`` excerpts from there on."""
+    if log_path is None or not log_path.is_file():
+        return 0, []
+    text = log_path.read_text(errors="replace").splitlines()
+    hits = [i for i, line in enumerate(text) if marker in line]
+    return len(hits), ["\n".join(text[i : i + lines])[-4000:] for i in hits[:limit]]
