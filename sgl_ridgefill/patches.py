@@ -255,12 +255,17 @@ def around_init_new(original, cls: Any, batch: Any, *args: Any, **kwargs: Any):
 def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any):
     """AROUND ``Req._compute_max_prefix_len``: SGLang caps how much of a prompt a radix-cache match may
     cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary, so its tail rows
-    always run exactly, never read from another plan's filled prefix."""
+    always run exactly, never read from another plan's filled prefix; and a kv+context fill, which needs
+    the split states of every row before the ones it fills, matches nothing."""
     limit = original(req, *args, **kwargs)
     from .runtime.state import state_of
 
     st = state_of(req)
-    if st is not None and not st.released and st.plan.cache_mode == "namespace" and st.start < 0:
+    if st is None or st.released or st.start >= 0:
+        return limit
+    if st.plan.context:
+        return 0
+    if st.plan.cache_mode == "namespace":
         limit = min(limit, max(0, len(req.origin_input_ids) - st.plan.tail))
     return limit
 

@@ -3,7 +3,9 @@
 A maps folder::
 
     manifest.json                  format, version, model and tokenizer fingerprints, splits, scores,
-                                   calibration summary, sha256 of every other file
+                                   calibration summary, sha256 of every other file; the map kind
+                                   (``map_kind``, ``kinds.py``; absent: ``residual``) and the sink rule
+                                   (``sink``: rows left out of the fit, served exactly; absent: none)
     maps-split{S}.safetensors      per upper layer l in [S, L):
                                      layer.{l}.A      [d_out, d_in] bf16            (quant "bf16")
                                      layer.{l}.A_q    [d_out, d_in] int8            (quant "int8")
@@ -26,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import pathlib
 from typing import Any, Mapping
+
+from .kinds import MAP_KINDS
 
 FORMAT_NAME = "sgl-ridgefill-maps"
 FORMAT_VERSION = 1
@@ -113,3 +117,13 @@ def validate_manifest(manifest: Any, where: pathlib.Path) -> None:
             raise MapsError(f"maps folder {where}: split {split}'s file {entry['file']} has no sha256 in 'files'")
     if str(manifest["default_split"]) not in splits:
         raise MapsError(f"maps folder {where}: default_split {manifest['default_split']} is not one of the splits")
+
+    kind = manifest.get("map_kind")
+    if kind is not None and kind not in MAP_KINDS:
+        raise MapsError(f"maps folder {where}: map_kind {kind!r} is not one of {', '.join(MAP_KINDS)}")
+    sink = manifest.get("sink")
+    if sink is not None and (
+        not isinstance(sink, Mapping) or not isinstance(sink.get("first_rows"), int)
+        or not isinstance(sink.get("norm_ratio"), (int, float))
+    ):
+        raise MapsError(f"maps folder {where}: sink must be {{first_rows: int, norm_ratio: number}}, got {sink!r}")

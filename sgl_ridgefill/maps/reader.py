@@ -13,6 +13,7 @@ from safetensors import safe_open
 from sgl_ridgefill.kernels.quant import dequantize_int8_groupwise
 
 from .fingerprint import compare_fingerprints
+from .kinds import MapKind, map_kind
 from .format import (
     MANIFEST,
     TOKEN_COUNTS,
@@ -41,6 +42,9 @@ class MapsFolder:
         self.num_layers: int = int(manifest["num_layers"])
         self.d_in: int = int(manifest["d_in"])
         self.d_out: int = int(manifest["d_out"])
+        self.kind: MapKind = map_kind(manifest.get("map_kind"))
+        # Rows left out of the fit and served exactly: {"first_rows": k, "norm_ratio": r}, or None.
+        self.sink: Mapping[str, Any] | None = manifest.get("sink")
 
     def __repr__(self) -> str:
         return f"MapsFolder({str(self.path)!r}, splits={self.splits}, num_layers={self.num_layers})"

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from sgl_ridgefill.kernels.quant import DEFAULT_GROUP_SIZE, dequantize_int8_groupwise, quantize_int8_groupwise
 
 from .fingerprint import LayerWeights, model_fingerprint
+from .kinds import DEFAULT_KIND, MAP_KINDS
 from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -120,6 +121,8 @@ def write_maps_folder(
     calibration: Mapping[str, Any] | None = None,
     token_counts: torch.Tensor | None = None,
     stats_dir: str | os.PathLike[str] | None = None,
+    map_kind: str = DEFAULT_KIND,
+    sink: Mapping[str, Any] | None = None,
     force: bool = False,
 ) -> pathlib.Path:
     """Write a complete maps folder and return its path.
@@ -129,14 +132,18 @@ def write_maps_folder(
     ``L - split`` layers and the same ``d_in``/``d_out``; ``quant``: ``"bf16"`` or ``"int8"`` (group-wise
     along ``d_in``, ``group_size`` columns per scale); ``calibration``: corpus summary for the manifest;
     ``token_counts``: ``[vocab]`` raw unigram counts; ``stats_dir``: where the sufficient statistics were
-    kept. Raises :class:`MapsError` if ``out_dir`` exists and ``force`` is false, ``ValueError`` on
-    inconsistent inputs; on any failure nothing is left at ``out_dir``.
+    kept; ``map_kind``: what the maps predict from what (``kinds.py``); ``sink``: the rule of the rows left
+    out of the fit (``{"first_rows": k, "norm_ratio": r}``; the runtime runs them exactly). Raises
+    :class:`MapsError` if ``out_dir`` exists and ``force`` is false, ``ValueError`` on inconsistent inputs;
+    on any failure nothing is left at ``out_dir``.
     """
     out_dir = pathlib.Path(out_dir)
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
     if not splits:
         raise ValueError("write_maps_folder needs at least one split")
+    if map_kind not in MAP_KINDS:
+        raise ValueError(f"map_kind must be one of {', '.join(MAP_KINDS)}, got {map_kind!r}")
     num_layers = model.get("num_hidden_layers")
     if not isinstance(num_layers, int) or num_layers < 2:
         raise ValueError(f"model fingerprint has num_hidden_layers {num_layers!r}; expected an integer >= 2")
@@ -190,6 +197,8 @@ def write_maps_folder(
             "num_layers": num_layers,
             "d_in": int(d_in),
             "d_out": int(d_out),
+            "map_kind": map_kind,
+            "sink": dict(sink) if sink is not None else None,
             "default_split": default_split,
             "splits": entries,
             "calibration": dict(calibration) if calibration is not None else None,

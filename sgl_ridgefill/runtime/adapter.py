@@ -34,6 +34,11 @@ class ModelShape:
     head_dim: int
     has_qk_norm: bool
 
+    @property
+    def kv_dim(self) -> int:
+        """Width of one layer's K (or V) on this rank: ``kv_heads * head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
 
 class ModelAdapter:
     """Reads the layers of an SGLang ``*ForCausalLM`` (tensor parallel size 1, no pipeline parallel)."""

@@ -47,6 +47,7 @@ class ServerFacts:
     num_layers: int
     maps_splits: tuple[int, ...] = ()
     maps_id: str = ""
+    maps_context: bool = False  # the maps are kv+context maps (``maps/kinds.py``)
     default_split: int | None = None
     has_tokenizer: bool = False
     has_token_counts: bool = False
@@ -141,6 +142,12 @@ class Admitter:
             raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
         if splice is not None and value_rescale is not None:
             raise RequestParamError("splice measures the fill itself; turn value_rescale off (value_rescale: 0)")
+        context = arm == "ridgefill" and facts.maps_context
+        if context and value_rescale is not None:
+            raise RequestParamError(
+                "value_rescale cannot run with kv+context maps (the tail's features need the whole prompt's context); "
+                "turn it off (value_rescale: 0)"
+            )
         if arm == "nofill" and (facts.nofill_refusal or facts.visible_keys_refusal) is not None:
             raise RequestParamError(
                 f"the nofill arm cannot run on this server: {facts.nofill_refusal or facts.visible_keys_refusal}"
@@ -171,6 +178,7 @@ class Admitter:
                 maps_id=facts.maps_id,
                 splice=splice,
                 exact_rows=exact_rows,
+                context=context,
             )
         )
 

@@ -16,14 +16,16 @@ from ..kernels.rescale import value_scale_reference
 from .kv import scale_values
 
 if TYPE_CHECKING:
+    from .fill import Fill
     from .passes import PassContext
     from .state import RequestState
 
 
 def value_rescaler(
-    ctx: PassContext, st: RequestState, exact: torch.Tensor, x_rows: torch.Tensor, *, slots: torch.Tensor
+    ctx: PassContext, fill: Fill, st: RequestState, exact: torch.Tensor, x_rows: torch.Tensor, *, slots: torch.Tensor
 ) -> Callable[[int, torch.Tensor], None]:
-    """The value rescale as an ``upper_pass`` callback.
+    """The value rescale as an ``upper_pass`` callback (``fill``: the request's fill; not a kv+context one,
+    whose tail features would need the prompt's context, which admission refuses).
 
     ``exact``: ``[e]`` exact prefix rows (the pass's first ``e`` rows, the tail follows);
     ``x_rows``: ``[e + T, d]`` the pass's split states; ``slots``: ``[N]`` pool indices of the request.
@@ -32,6 +34,7 @@ def value_rescaler(
     n_exact = int(exact.numel())
     c = min(plan.value_rescale, st.num_tokens - st.boundary)
     x_split_tail = x_rows[n_exact : n_exact + c]
+    z_tail, _ = fill.features(x_split_tail)
     filled = torch.ones(st.boundary - st.start, dtype=torch.bool)
     filled[exact - st.start] = False
     filled_pos = torch.nonzero(filled).flatten() + st.start
@@ -41,8 +44,7 @@ def value_rescaler(
         if not filled_slots.numel():
             return
         v_exact = ad.value(layer_id, x_in[n_exact : n_exact + c])
-        x_hat = x_split_tail if plan.arm == "identity" else ctx.maps.predict(plan.split, layer_id, x_split_tail)
-        scale = value_scale_reference(v_exact, ad.value(layer_id, x_hat))  # [kv_heads]
+        scale = value_scale_reference(v_exact, fill.value(layer_id, x_split_tail, z_tail))  # [kv_heads]
         attn = ad.layers[layer_id].self_attn.attn
         scale_values(ctx.pool, attn, filled_slots, scale, physical=ctx.physical)
 

@@ -109,12 +109,13 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
 
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
-                         hidden_size=adapter.shape.hidden_size, compute_dtype=inner.embed_tokens.weight.dtype)
+                         hidden_size=adapter.shape.hidden_size, kv_dim=adapter.shape.kv_dim, compute_dtype=inner.embed_tokens.weight.dtype)
     token_table = _token_table(runner)
     facts = ServerFacts(
         num_layers=adapter.shape.num_layers,
         maps_splits=tuple(maps.splits) if maps is not None else (),
         maps_id=maps.maps_id if maps is not None else "",
+        maps_context=maps is not None and maps.kind.context,
         default_split=maps_folder.default_split if maps_folder is not None else None,
         has_tokenizer=token_table is not None,
         has_token_counts=token_counts is not None,

@@ -27,14 +27,18 @@ class MapsStore:
 
     def __init__(
         self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str, hidden_size: int,
-        compute_dtype: torch.dtype | None = None,
+        kv_dim: int, compute_dtype: torch.dtype | None = None,
     ):
-        if (folder.d_in, folder.d_out) != (hidden_size, hidden_size):
+        kind = folder.kind
+        expected = (kind.d_in(hidden_size), kind.d_out(hidden_size, kv_dim))
+        if (folder.d_in, folder.d_out) != expected:
             raise MapsError(
-                f"maps folder {folder.path} maps {folder.d_in} -> {folder.d_out} features, but the served model's "
-                f"hidden size is {hidden_size}: the maps were fitted for another model"
+                f"maps folder {folder.path} holds {kind.name} maps of {folder.d_in} -> {folder.d_out} features, but "
+                f"for the served model (hidden size {hidden_size}, K/V width {kv_dim}) they map {expected[0]} -> "
+                f"{expected[1]}: the maps were fitted for another model"
             )
         self.folder = folder
+        self.kind = kind
         self.dtype = dtype
         self._maps: dict[int, tuple] = {}
         for split in splits:
@@ -52,7 +56,7 @@ class MapsStore:
                 self._maps[split] = (a.contiguous(), b.to(dtype).contiguous())
         self._backends = {
             split: fastest_map_backend(
-                dtype, hidden_size, hidden_size, device=device, x_dtype=compute_dtype,
+                dtype, folder.d_in, folder.d_out, device=device, x_dtype=compute_dtype,
                 group_size=parts[3] if dtype == torch.int8 else None,
             ).backend
             for split, parts in self._maps.items()

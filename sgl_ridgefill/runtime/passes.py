@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     from .adapter import ModelAdapter
+    from .fill import Fill
     from .maps_store import MapsStore
 
 # (layer id, first row, last row + 1, sink): capture the queries of rows [lo, hi) of a pass at a layer.
@@ -102,15 +103,15 @@ def lower_pass(ctx: PassContext, fb: ForwardBatch, i: int, rows: slice, split: i
             h.remove()
 
 
-def fill_pass(ctx: PassContext, maps: MapsStore | None, split: int, x_split: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-    """Write every upper layer's K/V for filled rows. ``maps=None`` is the identity fill (``x̂_l = x_S``).
+def fill_pass(ctx: PassContext, fill: Fill, x_split: torch.Tensor, z: torch.Tensor, positions: torch.Tensor,
+              slots: torch.Tensor) -> None:
+    """Write every upper layer's K/V for filled rows (``fill.py``: the arm's and the maps' kind's).
 
-    ``x_split``: ``[rows, hidden]``; ``positions``, ``slots``: ``[rows]``.
+    ``x_split``: ``[rows, hidden]``; ``z``: their map features; ``positions``, ``slots``: ``[rows]``.
     """
     ad = ctx.adapter
-    for layer_id in range(split, ad.shape.num_layers):
-        x_hat = x_split if maps is None else maps.predict(split, layer_id, x_split)
-        k, v = ad.key_value(layer_id, positions, x_hat)
+    for layer_id in range(fill.split, ad.shape.num_layers):
+        k, v = fill.key_value(layer_id, positions, x_split, z)
         write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
 
 

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..maps.kinds import sink_rows
 from . import passes, selection
 from .corrections import value_rescaler
+from .fill import Fill
 from .kv import read_kv, write_kv
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     st.start = p0
     big_n = st.num_tokens
+    if st.plan.context and p0 > 0:
+        # A kv+context fill needs the split states of the rows before the first one it fills.
+        st.run_exact("the radix cache holds part of the prompt, whose split states a kv+context fill needs")
+        return
     ids = fb.input_ids[rows].cpu().long()
     if p0 + n > big_n or not torch.equal(ids, st.prompt_ids[p0 : p0 + n]):
         logger.error("request %s: the batch does not run the prompt it was planned for; running it exactly", fb.rids[i])
@@ -104,9 +110,15 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     # Sweep 1: lower layers for every row of the chunk.
     x_split = passes.lower_pass(ctx, fb, i, rows, split, _captures_for(st, p0, n, split))
     n_prefix = min(max(boundary - p0, 0), n)
+    fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
     if n_prefix and plan.arm != "nofill":
-        maps = ctx.maps if plan.arm == "ridgefill" else None
-        passes.fill_pass(ctx, maps, split, x_split[:n_prefix], positions[:n_prefix], slots[:n_prefix])
+        z, st.context = fill.features(x_split, st.context)  # every row of the chunk, in order
+        passes.fill_pass(ctx, fill, x_split[:n_prefix], z[:n_prefix], positions[:n_prefix], slots[:n_prefix])
+        sink = ctx.maps.folder.sink if fill.maps is not None else None
+        if sink:
+            # Rows the maps were not fitted on (massive activations) run exactly.
+            flagged = sink_rows(positions[:n_prefix], x_split[:n_prefix], **sink)
+            st.sink_rows.extend(positions[:n_prefix][flagged].tolist())
     if n_prefix and st.prefix_x is not None:
         st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
     if n_prefix < n:
@@ -122,6 +134,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     probes = {req: run_probe(ctx, fb, i, st, req.rows) for req in _requirements(st) if _is_probe(req)}
     statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
+    n_sinks = len(st.sink_rows)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])
     x_rows = st.tail_x
@@ -134,7 +147,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         visible[all_pos.to(device)] = True
     before_layer = None
     if plan.value_rescale:
-        before_layer = value_rescaler(ctx, st, exact, x_rows, slots=req_slots)
+        before_layer = value_rescaler(ctx, fill, st, exact, x_rows, slots=req_slots)
     out, shape = passes.upper_pass(
         ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, seq_len=big_n, visible=visible, runs_from=boundary,
         before_layer=before_layer,
@@ -146,7 +159,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     n_new_prefix = max(boundary - st.start, 0)
     st.stats.update(
         prompt=big_n, cached=st.start, filled=n_new_prefix - n_exact if plan.arm != "nofill" else 0,
-        exact=n_exact, tail=big_n - boundary, virtual_requests=shape["virtual_requests"], groups=shape["groups"],
+        exact=n_exact, sinks=n_sinks, tail=big_n - boundary, virtual_requests=shape["virtual_requests"],
+        groups=shape["groups"],
         upper_steps=shape["steps"],
         saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
@@ -180,10 +194,10 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
     passes.upper_pass(ctx, fb, i, split, pos, st.prompt_ids, prefix_x, seq_len=st.num_tokens, final_norm=False)
     pos_d = pos.to(device)
     slots = ctx.req_to_token[fb.req_pool_indices[i], pos_d]
-    maps = ctx.maps if plan.arm == "ridgefill" else None
+    fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
+    z, _ = fill.features(prefix_x)  # from the start of the prompt: a kv+context plan never starts later
     for layer_id in range(split, ad.shape.num_layers):
-        x_hat = prefix_x if maps is None else maps.predict(split, layer_id, prefix_x)
-        k, v = ad.key_value(layer_id, pos_d.to(fb.positions.dtype), x_hat)
+        k, v = fill.key_value(layer_id, pos_d.to(fb.positions.dtype), prefix_x, z)
         k_exact, v_exact = read_kv(ctx.pool, layer_id, slots)
         k_exact, v_exact = k_exact.to(k.dtype), v_exact.to(v.dtype)
         spliced = layers is None or layers[0] <= layer_id <= layers[1]

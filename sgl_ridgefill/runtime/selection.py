@@ -93,7 +93,8 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
 
 
 def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any = None, token_counts=None) -> torch.Tensor:
-    """The request's exact rows: sorted unique positions in ``[start, B)``."""
+    """The request's exact rows: sorted unique positions in ``[start, B)``; the sink rows of the fill
+    (``st.sink_rows``) are always among them."""
     from ..selectors.base import SelectionInputs
 
     plan, lo, hi = st.plan, st.start, st.boundary
@@ -118,4 +119,6 @@ def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any
         rows = torch.empty(0, dtype=torch.long)
     if plan.control == "random":
         rows = random_rows_between(int(rows.numel()), lo, hi, plan.seed)
+    if st.sink_rows:  # rows the maps were not fitted on: exact, outside any selection
+        rows = torch.unique(torch.cat([rows, torch.tensor(st.sink_rows, dtype=torch.long)]))
     return rows

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..maps.kinds import ContextState
 from .plan import RequestPlan
 
 ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
@@ -63,6 +64,8 @@ class RequestState:
     stats: dict = field(default_factory=dict)  # filled, exact and tail rows etc. (logs, metrics, meta_info)
     # nofill: keys the upper layers must not see in decode steps ([B] bool, True = hidden), set when done.
     hidden_keys: torch.Tensor | None = None
+    context: ContextState | None = None  # a kv+context fill's state after the last row it saw
+    sink_rows: list[int] = field(default_factory=list)  # prefix rows the maps were not fitted on (run exactly)
 
     @property
     def bound(self) -> bool:
@@ -106,7 +109,7 @@ class RequestState:
         self.run_exact(reason)
 
     def free_buffers(self) -> None:
-        self.tail_x = self.prefix_x = None
+        self.tail_x = self.prefix_x = self.context = None
         self.queries.clear()
 
     def release(self) -> None:

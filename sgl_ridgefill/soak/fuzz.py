@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..request_schema import ARMS, REQUEST_KEYS, BoolKey, EnumKey, IntKey, PolicyKey
+from ..request_schema import ARMS, REQUEST_KEYS, SPLICES, BoolKey, EnumKey, IntKey, PolicyKey, RowsKey, SpliceKey
 from .workload import NAMESPACE_POLICY, Shape
 
 BATCH = 50  # bodies between two /health checks
@@ -60,6 +60,11 @@ def _strategies(policy_names: Sequence[str]):
             return st.sampled_from(key.choices)
         if isinstance(key, PolicyKey):
             return names
+        if isinstance(key, SpliceKey):
+            ranges = st.tuples(st.integers(0, 40), st.integers(0, 40)).map(lambda r: f"@{min(r)}-{max(r)}")
+            return st.builds(str.__add__, st.sampled_from(SPLICES), st.one_of(st.just(""), ranges))
+        if isinstance(key, RowsKey):
+            return st.lists(st.integers(0, 4 * 4096), max_size=64)
         raise AssertionError(f"no strategy for request key {key.name}")
 
     valid_objects = st.fixed_dictionaries({}, optional={k.name: valid(k) for k in REQUEST_KEYS})

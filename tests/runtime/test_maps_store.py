@@ -8,6 +8,7 @@ import torch
 from sgl_ridgefill.kernels.choose import MapBackendChoice
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8
 from sgl_ridgefill.kernels.quant import quantize_int8_groupwise
+from sgl_ridgefill.maps.kinds import map_kind
 from sgl_ridgefill.runtime import maps_store
 from sgl_ridgefill.runtime.maps_store import MapsStore
 
@@ -17,7 +18,7 @@ D, UPPER, GROUP = 64, 3, 32
 class _Folder:
     """The reader's interface: two splits of random maps, float and int8."""
 
-    path, d_in, d_out = "maps", D, D
+    path, d_in, d_out, kind = "maps", D, D, map_kind("residual")
 
     def __init__(self) -> None:
         gen = torch.Generator().manual_seed(0)
@@ -45,7 +46,7 @@ def chooser(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
 
 def test_float_maps_use_the_measured_backend(chooser: list[tuple]) -> None:
-    store = MapsStore(_Folder(), [12, 20], dtype=torch.bfloat16, device="cpu", hidden_size=D,
+    store = MapsStore(_Folder(), [12, 20], dtype=torch.bfloat16, device="cpu", hidden_size=D, kv_dim=D // 4,
                       compute_dtype=torch.bfloat16)
     assert chooser == [(torch.bfloat16, D, D, "cpu", torch.bfloat16, None)] * 2  # per split; cached in choose
     x = torch.randn(9, D).bfloat16()
@@ -54,7 +55,8 @@ def test_float_maps_use_the_measured_backend(chooser: list[tuple]) -> None:
 
 
 def test_int8_maps_use_the_measured_backend(chooser: list[tuple]) -> None:
-    store = MapsStore(_Folder(), [12], dtype=torch.int8, device="cpu", hidden_size=D, compute_dtype=torch.bfloat16)
+    store = MapsStore(_Folder(), [12], dtype=torch.int8, device="cpu", hidden_size=D, kv_dim=D // 4,
+                      compute_dtype=torch.bfloat16)
     assert chooser == [(torch.int8, D, D, "cpu", torch.bfloat16, GROUP)]
     x = torch.randn(9, D).bfloat16()
     q, scale, b, _ = store._maps[12]
@@ -63,5 +65,5 @@ def test_int8_maps_use_the_measured_backend(chooser: list[tuple]) -> None:
 
 
 def test_on_cpu_the_reference_is_measured_free() -> None:
-    store = MapsStore(_Folder(), [12], dtype=torch.float32, device="cpu", hidden_size=D)
+    store = MapsStore(_Folder(), [12], dtype=torch.float32, device="cpu", hidden_size=D, kv_dim=D // 4)
     assert store._backends == {12: "reference"}

@@ -1,0 +1,137 @@
+"""What a map predicts from what: the map kinds, declared once for calibration and serving.
+
+Every kind is one linear map per upper layer ``l``, ``y_l = A_l z + b_l``, fitted in closed form by ridge on
+float64 sufficient statistics. Kinds differ in the features ``z`` of a filled row and in the target ``y_l``:
+
+- ``residual``: ``z = x_S``, ``y_l = x_l`` (the paper's map: the layer's input, through its own norm and K/V);
+- ``normalised``: ``z = x_S``, ``y_l = u_l = x_l / rms(x_l)`` (K and V depend on ``x_l`` only through ``u_l``;
+  the layer's RMSNorm is scale-free, so serving is the residual kind's);
+- ``kv``: ``z = u_S``, ``y_l = [k_l, v_l]``, the layer's K (before its K norm and RoPE) and V straight from
+  the normalised split state: ``d -> 2 * kv_dim`` per layer, cheaper to apply;
+- ``kv+context``: ``z = [u_S(j), u_S(j-1), e(j)]`` with ``e`` the causal running mean
+  ``e(j) = beta * e(j-1) + (1 - beta) * u_S(j)`` (``e(-1) = 0``; ``u_S(-1) = 0``): a filled row never sees
+  another position in the upper layers, and this gives it its neighbours' split states.
+
+*Sink rows* (position 0 and any row whose split state is massive) dominate ``X^T X`` if left in: they are
+left out of the statistics and run exactly when served (:func:`sink_rows`). Engine-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+RMS_EPS = 1e-6
+CONTEXT_BETA = 0.9
+SINK_FIRST_ROWS = 1
+SINK_NORM_RATIO = 10.0  # sinks sit at 50-150x the median row norm at half depth; normal rows rarely reach 10x
+
+
+@dataclass(frozen=True)
+class MapKind:
+    name: str
+    features: str  # "x" (the split state) | "u" (normalised) | "u+context"
+    target: str  # "x" (the layer input) | "u" (normalised) | "kv" (the layer's K and V)
+    doc: str
+
+    @property
+    def predicts_kv(self) -> bool:
+        return self.target == "kv"
+
+    @property
+    def context(self) -> bool:
+        return self.features == "u+context"
+
+    def d_in(self, hidden: int) -> int:
+        return 3 * hidden if self.context else hidden
+
+    def d_out(self, hidden: int, kv_dim: int) -> int:
+        return 2 * kv_dim if self.predicts_kv else hidden
+
+
+MAP_KINDS: dict[str, MapKind] = {
+    k.name: k
+    for k in (
+        MapKind("residual", "x", "x", "the layer's input from the split state (the paper's map)"),
+        MapKind("normalised", "x", "u", "the layer's normalised input x_l/rms(x_l) from the split state"),
+        MapKind("kv", "u", "kv", "the layer's K and V from the normalised split state"),
+        MapKind("kv+context", "u+context", "kv",
+                "the layer's K and V from the normalised split states of the row and the row before, and their "
+                "causal running mean"),
+    )
+}
+DEFAULT_KIND = "residual"
+
+
+def map_kind(name: str | None) -> MapKind:
+    """The kind called ``name`` (``None``: the residual kind, what every folder without a kind holds)."""
+    kind = MAP_KINDS.get(name or DEFAULT_KIND)
+    if kind is None:
+        raise ValueError(f"unknown map kind {name!r}; known: {', '.join(MAP_KINDS)}")
+    return kind
+
+
+def rms_normalise(x: torch.Tensor) -> torch.Tensor:
+    """``x / rms(x)`` row-wise, in float32 or wider: ``[n, d] -> [n, d]``."""
+    x = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+
+
+@dataclass
+class ContextState:
+    """What a ``kv+context`` feature needs from the rows before a block: ``u_S`` of the last row and the
+    running mean after it (``[d]`` each); zeros before the first row of a prompt."""
+
+    last_u: torch.Tensor
+    mean: torch.Tensor
+
+    @classmethod
+    def start(cls, d: int, *, dtype=torch.float32, device=None) -> ContextState:
+        zeros = torch.zeros(d, dtype=dtype, device=device)
+        return cls(zeros, zeros.clone())
+
+
+def features(kind: MapKind, x_split: torch.Tensor, state: ContextState | None = None) -> tuple[torch.Tensor, ContextState | None]:
+    """The map's features of consecutive rows and the context state after them.
+
+    ``x_split``: ``[n, d]`` split states of consecutive positions; ``state``: the context before the first
+    of them (``kv+context`` only; ``None`` = the start of the prompt). Returns ``z``: ``[n, d_in]`` in
+    ``x_split``'s dtype for ``x`` features, float32 or wider otherwise.
+    """
+    if kind.features == "x":
+        return x_split, None
+    u = rms_normalise(x_split)
+    if not kind.context:
+        return u, None
+    if state is None:
+        state = ContextState.start(u.shape[1], dtype=u.dtype, device=u.device)
+    lag = torch.cat([state.last_u.to(u)[None], u[:-1]])
+    mean = _running_mean(u, state.mean.to(u), CONTEXT_BETA)
+    return torch.cat([u, lag, mean], dim=1), ContextState(u[-1].clone(), mean[-1].clone())
+
+
+def _running_mean(u: torch.Tensor, before: torch.Tensor, beta: float, block: int = 64) -> torch.Tensor:
+    """``e(j) = beta e(j-1) + (1 - beta) u(j)`` for every row, ``e(-1) = before``: ``[n, d]``.
+
+    Within a block of ``block`` rows the recurrence is a weighted cumulative sum (``beta^-i`` stays below
+    ``beta^-block`` ~ 850 at 64 rows, so float32 keeps it exact enough); blocks carry the state forward."""
+    out = torch.empty_like(u)
+    carry = before
+    for lo in range(0, u.shape[0], block):
+        chunk = u[lo : lo + block]
+        i = torch.arange(chunk.shape[0], dtype=u.dtype, device=u.device)
+        up = beta ** (-(i + 1))[:, None]  # beta^-(i+1)
+        down = beta ** (i + 1)[:, None]  # beta^(i+1)
+        out[lo : lo + block] = down * (carry[None] + (1 - beta) * torch.cumsum(chunk * up, dim=0))
+        carry = out[lo + chunk.shape[0] - 1]
+    return out
+
+
+def sink_rows(positions: torch.Tensor, x_split: torch.Tensor, *, first_rows: int, norm_ratio: float) -> torch.Tensor:
+    """Which rows are attention sinks: ``[n]`` bool, the rows at positions below ``first_rows`` and those
+    whose split-state norm exceeds ``norm_ratio`` times the median norm of the block (``x_split``:
+    ``[n, d]`` rows of one forward; ``positions``: ``[n]``)."""
+    norms = x_split.float().norm(dim=-1)
+    massive = norms > norm_ratio * norms.median() if norms.numel() else norms.bool()
+    return (positions.to(norms.device) < first_rows) | massive
