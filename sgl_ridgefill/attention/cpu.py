@@ -4,7 +4,8 @@ SGLang 0.5.23's ``torch_native`` extend (``_run_sdpa_forward_extend``) builds a 
 sequence and runs full causal attention over it, so extending 1,024 rows over an 8K cached prefix costs
 as much attention as the whole 8K prefill, and chunked prefill grows cubically with the prompt. This
 backend keeps torch_native's KV writes, decode path and pool layout, and replaces the extend with
-attention of the new rows only, in query blocks, each block over the keys up to its last position.
+attention of the new rows only: a run of consecutive rows (a chunk, RidgeFill's tail) as a causal block over
+its own keys merged with an unmasked pass over the keys before it; scattered rows in masked query blocks.
 
 It serves RidgeFill's row queries (``contract.py``) directly: the causal mask comes from
 ``forward_batch.positions``, so a sub-pass's virtual requests (all rows of one request) run as one call
@@ -26,8 +27,10 @@ from ..runtime.state import LIVE
 from .contract import current_row_queries
 
 BACKEND_NAME = "ridgefill_cpu"
-# Query rows per SDPA call: bounds the [heads, rows, keys] score block (torch's CPU kernel tiles further).
+# Query rows per masked SDPA call: bounds the [rows, keys] mask (torch's CPU kernel tiles the scores).
 QUERY_BLOCK = 512
+# Consecutive rows from which one run goes through the two unmasked calls of ``_attend_run``.
+MIN_RUN = 32
 
 
 class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
@@ -99,48 +102,92 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
     def _attend_rows(self, q, out, slots, positions, visible, layer) -> None:
         """``q``/``out``: ``[n, heads, d]``; ``slots``: ``[seq_len]`` KV slots of the request's context;
         ``positions``: ``[n]`` query positions (ascending); ``visible``: ``[seq_len]`` bool or None."""
-        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        gqa = layer.tp_q_head_num != layer.tp_k_head_num
         pos_cpu = positions.tolist()
+        for lo, hi, whole in _segments(pos_cpu, all_visible=visible is None):
+            if whole:
+                self._attend_run(q[lo:hi], out[lo:hi], slots, pos_cpu[lo], layer)
+            else:
+                self._attend_masked(q[lo:hi], out[lo:hi], slots, positions[lo:hi], pos_cpu[lo:hi], visible, layer)
+
+    def _kv(self, layer, slots, dtype):
+        keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[slots]
+        values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[slots]
+        return (keys.to(dtype), values.to(dtype)) if keys.dtype != dtype else (keys, values)
+
+    def _attend_run(self, q, out, slots, first, layer) -> None:
+        """Rows at positions ``first .. first+n-1``, every key visible: a causal call over their own keys
+        (the diagonal block) and, after a prefix, an unmasked one over keys ``0 .. first-1``, merged by their
+        log-sum-exp. Neither call takes a mask: for a 1,024-row tail over 8K and 16K keys (Qwen2.5-0.5B
+        heads) two masked 512-row blocks took 1.2-1.9x as long, float32 and bfloat16 (AVX512 CPU;
+        ``python -m sgl_ridgefill.bench.tail_attention``)."""
         n = q.shape[0]
-        # Rows 0..n-1 of a request (a whole prompt in one chunk, or RidgeFill's lower pass over it): one
-        # causal call lets the flash kernel skip the masked half of the scores; 512-row blocks with masks
-        # spend about twice the attention time at 8K tokens. The kernel tiles internally, so no score
-        # matrix is materialised either way.
-        block = n if visible is None and pos_cpu[0] == 0 and pos_cpu[-1] == n - 1 else QUERY_BLOCK
-        for lo in range(0, n, block):
-            hi = min(n, lo + block)
+        keys, values = self._kv(layer, slots[: first + n], q.dtype)
+        qh = q.movedim(0, 1).unsqueeze(0)  # [1, heads, n, d]
+        kh, vh = keys.movedim(0, 1).unsqueeze(0), values.movedim(0, 1).unsqueeze(0)
+        diag, lse_diag = _flash(qh, kh[:, :, first:], vh[:, :, first:], causal=True, scale=layer.scaling)
+        if first == 0:
+            out.copy_(diag.squeeze(0).movedim(1, 0))
+            return
+        before, lse_before = _flash(qh, kh[:, :, :first], vh[:, :, :first], causal=False, scale=layer.scaling)
+        w = torch.sigmoid(lse_before - lse_diag).unsqueeze(-1)  # the prefix's share of the softmax mass
+        merged = diag.float() + w * (before.float() - diag.float())
+        out.copy_(merged.squeeze(0).movedim(1, 0))
+
+    def _attend_masked(self, q, out, slots, positions, pos_cpu, visible, layer) -> None:
+        """Any rows, in blocks of ``QUERY_BLOCK`` queries over the keys up to each block's last position,
+        masked by position and ``visible``."""
+        gqa = layer.tp_q_head_num != layer.tp_k_head_num
+        n = q.shape[0]
+        for lo in range(0, n, QUERY_BLOCK):
+            hi = min(n, lo + QUERY_BLOCK)
             kv_len = int(max(pos_cpu[lo:hi])) + 1
-            keys = k_cache[slots[:kv_len]]
-            values = v_cache[slots[:kv_len]]
-            qb = q[lo:hi]
-            if keys.dtype != qb.dtype:
-                keys, values = keys.to(qb.dtype), values.to(qb.dtype)
-            contiguous = pos_cpu[hi - 1] - pos_cpu[lo] == hi - lo - 1 and pos_cpu[hi - 1] == kv_len - 1
-            mask = None
-            if visible is not None or not contiguous:
-                key_pos = torch.arange(kv_len, device=q.device)
-                mask = key_pos.unsqueeze(0) <= positions[lo:hi].unsqueeze(1)
-                if visible is not None:
-                    mask &= visible[:kv_len].unsqueeze(0)
-            elif hi - lo != kv_len:
-                # Contiguous rows at the end of the context: causal with the diagonal offset by the prefix.
-                prefix = kv_len - (hi - lo)
-                mask = torch.ones((hi - lo, kv_len), dtype=torch.bool, device=q.device).tril_(prefix)
+            keys, values = self._kv(layer, slots[:kv_len], q.dtype)
+            key_pos = torch.arange(kv_len, device=q.device)
+            mask = key_pos.unsqueeze(0) <= positions[lo:hi].unsqueeze(1)
+            if visible is not None:
+                mask &= visible[:kv_len].unsqueeze(0)
             # The mask stays 2-D ([rows, keys], broadcast over batch and heads): torch's CPU flash kernel
             # takes 2-D or 4-D masks only and silently falls back to the math path (fp32 upcast, full score
             # matrix, about 8x slower at 4K) for the 3-D [1, rows, keys] shape.
             res = scaled_dot_product_attention(
-                qb.movedim(0, 1).unsqueeze(0),
+                q[lo:hi].movedim(0, 1).unsqueeze(0),
                 keys.movedim(0, 1).unsqueeze(0),
                 values.movedim(0, 1).unsqueeze(0),
                 attn_mask=mask,
-                is_causal=mask is None,
                 scale=layer.scaling,
                 enable_gqa=gqa,
             )
             out[lo:hi] = res.squeeze(0).movedim(1, 0)
+
+
+def _flash(q, k, v, *, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash attention with its log-sum-exp (``[1, heads, n, d]``, ``[1, heads, n]`` float32);
+    grouped K/V heads are read as they are."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def _segments(pos: list[int], *, all_visible: bool) -> list[tuple[int, int, bool]]:
+    """Query rows ``[lo, hi)`` to attend together, and whether they are one run of consecutive positions
+    long enough (``MIN_RUN``, or starting at position 0) for :meth:`_attend_run`. Other rows (a
+    selection's scattered exact rows, any rows when some keys are hidden) go to the masked path."""
+    segments: list[tuple[int, int, bool]] = []
+    pending = None  # first row of the masked segment being collected
+    lo = 0
+    while lo < len(pos):
+        hi = lo + 1
+        while hi < len(pos) and pos[hi] == pos[hi - 1] + 1:
+            hi += 1
+        if all_visible and (hi - lo >= MIN_RUN or pos[lo] == 0):
+            if pending is not None:
+                segments.append((pending, lo, False))
+                pending = None
+            segments.append((lo, hi, True))
+        elif pending is None:
+            pending = lo
+        lo = hi
+    if pending is not None:
+        segments.append((pending, len(pos), False))
+    return segments
 
 
 def _visible(hidden: torch.Tensor | None, seq_len: int, device) -> torch.Tensor | None:

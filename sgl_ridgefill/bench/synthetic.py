@@ -264,18 +264,49 @@ def make_tiny_checkpoint(
 
 
 def make_tiny_maps(
-    model_dir: str | pathlib.Path, out_dir: str | pathlib.Path, *, split: int, seed: int = 1, force: bool = False
+    model_dir: str | pathlib.Path, out_dir: str | pathlib.Path, *, split: int, seed: int = 1, force: bool = False,
+    kind: str = "residual", sink: dict | None = None,
 ) -> pathlib.Path:
     """Maps for a tiny checkpoint at ``split``: near the identity (``A = I + 0.05 G``, ``b = 0.02 g``) with
-    enough noise that RidgeFill, identity fill and exact prefill all differ. Stored in the maps folder's
-    default quantisation (bf16): read them back with ``load_maps`` for a reference."""
+    enough noise that RidgeFill, identity fill and exact prefill all differ, as maps of ``kind``
+    (:func:`maps_of_kind`), with the sink rule ``sink``. Stored in the maps folder's default quantisation
+    (bf16): read them back with ``load_maps`` for a reference."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     num_layers, d = model.config.num_hidden_layers, model.config.hidden_size
     _check_split(split, num_layers, model_dir)
     a, b = near_identity_maps(num_layers - split, d, noise=0.05, bias_noise=0.02, seed=seed)
-    return write_maps_for_model(model, out_dir, split, a, b, force=force)
+    a, b = maps_of_kind(model, split, a, b, kind, seed=seed)
+    return write_maps_for_model(model, out_dir, split, a, b, force=force, map_kind=kind, sink=sink)
+
+
+@torch.no_grad()
+def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str, *, seed: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual maps ``x̂_l = A_l x_S + b_l`` recast as maps of ``kind`` for the HF model ``model``.
+
+    ``residual``/``normalised``: unchanged (the layer's RMSNorm is scale-free). ``kv``: the layer's K/V
+    projections applied to the prediction without its norm's ``1/rms`` (``[W_k; W_v] diag(g) A_l``);
+    ``kv+context``: that, beside small random weights on the lag and running-mean features."""
+    from ..maps.kinds import map_kind
+
+    k = map_kind(kind)
+    if not k.predicts_kv:
+        return a, b
+    a_kv, b_kv = [], []
+    for j, layer in enumerate(model.model.layers[split:]):
+        attn, gamma = layer.self_attn, layer.input_layernorm.weight.float()
+        w = torch.cat([attn.k_proj.weight, attn.v_proj.weight]).float()
+        bias = torch.cat([attn.k_proj.bias, attn.v_proj.bias]).float() if attn.k_proj.bias is not None else 0.0
+        a_kv.append(w @ (gamma[:, None] * a[j]))
+        b_kv.append(w @ (gamma * b[j]) + bias)
+    a_out, b_out = torch.stack(a_kv), torch.stack(b_kv)
+    if k.context:
+        gen = torch.Generator().manual_seed(seed + 1)
+        extra = 0.05 * torch.randn(a_out.shape[0], a_out.shape[1], 2 * a.shape[2], generator=gen) / a.shape[2] ** 0.5
+        a_out = torch.cat([a_out, extra * a_out.abs().mean() * a.shape[2] ** 0.5], dim=2)
+    return a_out.contiguous(), b_out.contiguous()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

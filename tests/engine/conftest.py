@@ -37,7 +37,8 @@ class TinyModel:
         self.maps = (a_stored, b_stored)
 
     def expected_top(self, ids, k: int = 3, **kw) -> list[tuple[float, int]]:
-        logits = self.ref.last_logits(ids, maps=self.maps, **kw)
+        kw.setdefault("maps", self.maps)
+        logits = self.ref.last_logits(ids, **kw)
         top = logits.log_softmax(-1).topk(k)
         return list(zip(top.values.tolist(), top.indices.tolist()))
 

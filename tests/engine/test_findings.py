@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.engine.conftest import SPLIT, assert_top_close
-from tests.support.engines import prompt
+from tests.support.engines import MEM_FRACTION, prompt
 from tests.support.server import cpu_server
 
 pytestmark = pytest.mark.engine
@@ -34,7 +34,7 @@ def server(tiny_models, tmp_path_factory):
     policy = tmp_path_factory.mktemp("findings") / "findings.rfpolicy"
     policy.write_text(POLICY)
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", str(MAX_TOTAL),
-            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48", "--allow-auto-truncate",
+            "--mem-fraction-static", str(MEM_FRACTION), "--chunked-prefill-size", "48", "--allow-auto-truncate",
             "--enable-streaming-session", "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir),
             "--ridgefill-policy", str(policy), "--ridgefill-diagnostics"]
     with cpu_server(args) as url:

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.engine.conftest import SPLIT
+from tests.support.engines import MEM_FRACTION
 from tests.support.server import cpu_server
 
 pytestmark = pytest.mark.engine
@@ -49,7 +50,7 @@ def frontend():
 def server(tiny_models):
     model = tiny_models("llama")
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
-            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48",
+            "--mem-fraction-static", str(MEM_FRACTION), "--chunked-prefill-size", "48",
             "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir),
             "--ridgefill-split", str(SPLIT), "--ridgefill-tail", str(SERVER_TAIL),
             "--ridgefill-cache-mode", "namespace"]

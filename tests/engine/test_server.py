@@ -11,7 +11,7 @@ import requests
 
 from sgl_ridgefill.cpu.environment import cpu_environment
 from tests.engine.conftest import SPLIT, assert_top_close
-from tests.support.engines import prompt
+from tests.support.engines import MEM_FRACTION, prompt
 from tests.support.server import cpu_server
 
 pytestmark = pytest.mark.engine
@@ -34,7 +34,7 @@ def test_help_lists_the_flags():
 def server(tiny_models):
     model = tiny_models("llama")
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
-            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48",
+            "--mem-fraction-static", str(MEM_FRACTION), "--chunked-prefill-size", "48",
             "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir),
             "--ridgefill-split", str(SPLIT), "--ridgefill-tail", str(TAIL), "--ridgefill-cache-mode", "namespace",
             "--ridgefill-diagnostics"]

@@ -88,3 +88,51 @@ def test_a_nofill_decode_row_inside_an_extend_batch_skips_the_hidden_keys(monkey
     assert not torch.allclose(
         backend.forward_extend(q, k_new, v_new, _layer(2), fb), backend.forward_extend(q, k_new, v_new, _layer(1), fb)
     )
+
+
+def _dense(q, k, v, positions, visible=None):
+    """Causal attention of rows at ``positions`` over keys ``0..``, plain PyTorch: ``[n, heads, d]``."""
+    kk = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
+    vv = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kk.float()) * D**-0.5
+    mask = torch.arange(k.shape[0])[None, :] <= positions[:, None]
+    if visible is not None:
+        mask &= visible[None, :]
+    scores = scores.masked_fill(~mask[None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv.float())
+
+
+def test_row_segments_match_dense_attention():
+    """Runs of consecutive rows (split into a causal diagonal and an unmasked prefix merged by log-sum-exp),
+    scattered rows and a run from position 0 each equal dense causal attention, in float32 and bfloat16."""
+    import sgl_ridgefill.attention.cpu as cpu
+
+    seq = 300
+    pool = _Pool(seq)
+    backend = _backend(pool, None)
+    slots = torch.randperm(seq, generator=torch.Generator().manual_seed(1))
+    cases = {
+        "tail after a prefix": list(range(200, 300)),
+        "exact rows then the tail": [3, 17, 40, 41, 150, *range(240, 300)],
+        "from position 0": list(range(0, 120)),
+        "short runs only": [5, 6, 7, 90, 91, 299],
+    }
+    for dtype, atol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        pool.k, pool.v = pool.k.to(dtype), pool.v.to(dtype)
+        for name, rows in cases.items():
+            positions = torch.tensor(rows)
+            q = torch.randn(len(rows), HEADS, D, generator=torch.Generator().manual_seed(len(rows))).to(dtype)
+            out = torch.empty_like(q)
+            backend._attend_rows(q, out, slots, positions, None, _layer(0))
+            want = _dense(q, pool.k[slots], pool.v[slots], positions)
+            assert torch.allclose(out.float(), want, atol=atol), (name, dtype, (out.float() - want).abs().max())
+    assert [whole for *_, whole in cpu._segments(cases["exact rows then the tail"], all_visible=True)] == [False, True]
+    # Hidden keys: every row through the masked path, which honours them.
+    visible = torch.rand(seq, generator=torch.Generator().manual_seed(2)) > 0.3
+    visible[0] = True
+    positions = torch.arange(200, 300)
+    q = torch.randn(100, HEADS, D).to(pool.k.dtype)
+    out = torch.empty_like(q)
+    backend._attend_rows(q, out, slots, positions, visible, _layer(0))  # visible: by position
+    want = _dense(q, pool.k[slots], pool.v[slots], positions, visible)
+    assert torch.allclose(out.float(), want, atol=3e-2)

@@ -13,6 +13,10 @@ from sgl_ridgefill.cpu.environment import cpu_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ENGINE_TIMEOUT_S = 900
+# SGLang sizes the KV pool on CPU from the memory that loading the weights left of what was free before it;
+# other processes allocating meanwhile (a second engine, a parallel test) read as the weights' share. A
+# quarter tolerates that; --max-total-tokens keeps the pool itself small.
+MEM_FRACTION = 0.25
 
 
 def cpu_engine_kwargs(model_path, **overrides) -> dict:
@@ -24,7 +28,7 @@ def cpu_engine_kwargs(model_path, **overrides) -> dict:
         cuda_graph_backend_prefill="disabled",
         sampling_backend="pytorch",
         max_total_tokens=8192,
-        mem_fraction_static=0.05,
+        mem_fraction_static=MEM_FRACTION,
         chunked_prefill_size=48,
         dtype="float32",
         log_level="warning",

@@ -3,12 +3,16 @@
 It recomputes, for one prompt, what the SGLang runtime must produce: exact lower layers for every row;
 for the upper layers, K/V of filled rows from the arm's prediction; exact rows and the tail run every layer
 together, layer by layer, attending causally by position; optional value rescale. Rows below ``start``
-stand for a radix-cache hit: exact in every layer.
+stand for a radix-cache hit: exact in every layer. Maps of every kind (``sgl_ridgefill/maps/kinds.py``): the
+``kv`` kinds' K goes through the layer's K norm and RoPE here, the others' prediction through the whole
+layer's norm and projections; ``sink`` rows (the maps folder's rule over the new prefix rows) run exactly.
 """
 
 from __future__ import annotations
 
 import torch
+
+from sgl_ridgefill.maps.kinds import features, map_kind, sink_rows
 
 
 def _rotate_half(x):
@@ -44,6 +48,25 @@ class Reference:
         cos, sin = self.m.model.rotary_emb(h[None], pos[None])
         return _rope(q, cos[0], sin[0]), _rope(k, cos[0], sin[0]), v
 
+    def _rope_key(self, layer_id, k_pre, pos):
+        """K of a ``kv`` map's prediction (``[rows, kv_dim]``, before the K norm): K norm, then RoPE."""
+        attn = self.layers[layer_id].self_attn
+        k = k_pre.view(-1, self.n_kv, self.head_dim)
+        if hasattr(attn, "k_norm"):
+            k = attn.k_norm(k)
+        cos, sin = self.m.model.rotary_emb(k_pre[None], pos[None])
+        return _rope(k, cos[0], sin[0])
+
+    def _filled_kv(self, layer_id, j, rows, x_split, z, pos, arm, maps, kind):
+        """K and V of ``rows`` (filled) at ``layer_id`` from the arm's prediction: ``[rows, kv, hd]`` each."""
+        if arm == "identity":
+            return self._qkv(layer_id, x_split[rows], pos[rows])[1:]
+        y = z[rows] @ maps[0][j].T + maps[1][j]
+        if not kind.predicts_kv:
+            return self._qkv(layer_id, y, pos[rows])[1:]
+        k, v = y.split(y.shape[1] // 2, dim=1)
+        return self._rope_key(layer_id, k, pos[rows]), v.view(-1, self.n_kv, self.head_dim)
+
     @torch.no_grad()
     def last_logits(
         self,
@@ -58,10 +81,14 @@ class Reference:
         value_rescale: int | None = None,
         splice: str | None = None,
         tail_rows: bool = False,
+        map_kind_name: str | None = None,
+        sink: dict | None = None,
     ) -> torch.Tensor:
         """Logits of the next token after ``ids`` ([vocab] float32); with ``tail_rows``, the logits of every
         tail row ([tail, vocab]). ``splice``: exact keys/values/both/key magnitude on the filled rows, in every
-        upper layer or, as ``kind@first-last``, in those layers only."""
+        upper layer or, as ``kind@first-last``, in those layers only. ``map_kind_name``: what ``maps`` predict
+        (default residual); ``sink``: the folder's sink rule (``{first_rows, norm_ratio}``), whose rows among
+        the new prefix rows (one block) run exactly."""
         m = self.m
         ids_t = torch.tensor(ids)[None]
         n = len(ids)
@@ -72,7 +99,13 @@ class Reference:
         hs = m(ids_t, output_hidden_states=True).hidden_states
         x_split = hs[split][0]
         pos = torch.arange(n)
-        exact = sorted(set(exact_rows) | set(range(start, start)))
+        kind = map_kind(map_kind_name)
+        z = features(kind, x_split)[0].to(x_split.dtype) if arm == "ridgefill" else x_split
+        exact = set(exact_rows)
+        if sink and arm == "ridgefill" and boundary > start:
+            new = pos[start:boundary]
+            exact |= set(new[sink_rows(new, x_split[start:boundary], **sink)].tolist())
+        exact = sorted(exact)
         rows = torch.tensor(sorted(set(exact) | set(range(boundary, n))), dtype=torch.long)
         filled = torch.tensor([j for j in range(start, boundary) if j not in set(exact)], dtype=torch.long)
         cached = torch.arange(0, start)
@@ -88,27 +121,25 @@ class Reference:
                 k_all[cached], v_all[cached] = kc, vc
                 visible[cached] = True
             if filled.numel() and arm != "nofill":
-                x_hat = x_split[filled] if arm == "identity" else x_split[filled] @ maps[0][j].T + maps[1][j]
-                _, kf, vf = self._qkv(layer_id, x_hat, pos[filled])
+                kf, vf = self._filled_kv(layer_id, j, filled, x_split, z, pos, arm, maps, kind)
                 if value_rescale:
                     c = min(value_rescale, n - boundary)
                     tail_in = x[len(rows) - (n - boundary) :][:c]
-                    tail_split = x_split[boundary : boundary + c]
-                    tail_hat = tail_split if arm == "identity" else tail_split @ maps[0][j].T + maps[1][j]
                     _, _, v_ex = self._qkv(layer_id, tail_in, pos[boundary : boundary + c])
-                    _, _, v_pr = self._qkv(layer_id, tail_hat, pos[boundary : boundary + c])
+                    _, v_pr = self._filled_kv(layer_id, j, torch.arange(boundary, boundary + c), x_split, z, pos, arm,
+                                              maps, kind)
                     scale = (v_ex.norm(dim=-1) / v_pr.norm(dim=-1)).mean(0)
                     vf = vf * scale[None, :, None]
-                kind, _, layer_range = (splice or "").partition("@")
+                spliced, _, layer_range = (splice or "").partition("@")
                 first, _, last = layer_range.partition("-")
                 in_range = not layer_range or int(first) <= layer_id <= int(last or first)
                 if splice is not None and in_range:
                     _, ke, ve = self._qkv(layer_id, hs[layer_id][0][filled], pos[filled])
-                    if kind in ("keys", "both"):
+                    if spliced in ("keys", "both"):
                         kf = ke
-                    if kind in ("values", "both"):
+                    if spliced in ("values", "both"):
                         vf = ve
-                    if kind == "key_norm":
+                    if spliced == "key_norm":
                         kf = kf * ke.norm(dim=-1, keepdim=True) / kf.norm(dim=-1, keepdim=True)
                 k_all[filled], v_all[filled] = kf, vf
                 visible[filled] = True
