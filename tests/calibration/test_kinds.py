@@ -1,4 +1,4 @@
-"""Calibration of every map kind: features, targets, sink rows, the fit, the folder.
+"""Calibration of every map kind: features, targets, sink rows, the fit, the folder, the CLI.
 
 The maps are checked against a direct float64 ridge on (z, y) rows materialised here, independently of
 ``targets.py``: features by hand (u = x / rms(x), the row before, the running mean), targets through the
@@ -7,6 +7,7 @@ model's own ``input_layernorm`` / ``k_proj`` / ``v_proj``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 
@@ -26,6 +27,7 @@ from sgl_ridgefill.calibration import (
     resolve,
     ridge_maps,
 )
+from sgl_ridgefill.calibration import cli as calibration_cli
 from sgl_ridgefill.calibration.stats import STATS_FILE
 from sgl_ridgefill.calibration.targets import Accumulator, KVProjection, kv_projections, sink_rule
 from sgl_ridgefill.maps import MapsError, load_maps
@@ -354,4 +356,49 @@ def test_statistics_of_an_older_format_ask_for_a_new_pass(all_kinds, tmp_path):
     assert str(info.value) == (
         f"--stats {old}: {STATS_FILE} was written by an older sgl-ridgefill (stats version 1; this one reads version 2, "
         "with statistics per map kind and sink rows left out): re-run calibrate stats with --force to rebuild them"
+    )
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
+    calibration_cli.add_subparser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_kinds_and_kind(all_kinds, kv_model, text_corpus, tmp_path, capsys):
+    stats = tmp_path / "stats"
+    rc = _run(["calibrate", "stats", "--model", str(kv_model), "--corpus", str(text_corpus), "--splits", "3",
+               "--stats", str(stats), "--kinds", "residual,kv+context", "--max-tokens", "300", "--doc-tokens", "128",
+               "--heldout-docs", "1", "--dtype", "float32", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.out.strip() == str(stats)
+    assert load_stats(stats).kinds == ("residual", "kv+context")
+    rc = _run(["calibrate", "fit", "--stats", str(stats), "--out", str(tmp_path / "m"), "--kind", "kv+context"])
+    captured = capsys.readouterr()
+    assert rc == 0 and load_maps(tmp_path / "m").kind.name == "kv+context"
+    assert "normal rows (sinks left out)   all rows" in captured.err
+    rc = _run(["calibrate", "resolve", "--stats", str(stats), "--out", str(tmp_path / "n"), "--kind", "normalised"])
+    assert rc == 1
+    assert capsys.readouterr().err == (
+        f"sgl-ridgefill calibrate: error: --kind normalised: the statistics in {stats} hold kind(s) residual, "
+        "kv+context, not normalised; accumulate it with `sgl-ridgefill calibrate stats ... --kinds "
+        "residual,kv+context,normalised`\n"
+    )
+    for argv, message in (
+        (["calibrate", "stats", "--stats", "s", "--kinds", "kv,keys"],
+         "argument --kinds: unknown map kind 'keys'; known: residual, normalised, kv, kv+context, or all"),
+        (["calibrate", "fit", "--stats", "s", "--out", "o", "--kind", "all"],
+         "argument --kind: unknown map kind 'all'; known: residual, normalised, kv, kv+context"),
+        (["calibrate", "--kind", "kv-context"],
+         "argument --kind: unknown map kind 'kv-context'; known: residual, normalised, kv, kv+context"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            _run(argv)
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err
+    rc = _run(["calibrate", "stats", "--stats", str(tmp_path / "s"), "--kinds", "all"])
+    assert rc == 2
+    assert capsys.readouterr().err == (
+        "sgl-ridgefill calibrate: error: the following arguments are required: --model, --corpus, --splits\n"
     )
