@@ -5,7 +5,7 @@
 For each document (its first ``doc_tokens`` tokens) it runs, alternating which goes first so that
 machine load drifts evenly: (a) the plain forward of the unmodified decoder over every layer, with no
 hooks and no logits (what serving the prompt costs), and (b) the calibration step: capture up to the
-last needed layer, conversion to float64, accumulation for every split. The accumulation overhead is
+last needed layer, accumulation of the residual kind for every split. The accumulation overhead is
 (b's accumulation time) / (a's time); the step's total cost relative to (a) is reported beside it.
 """
 
@@ -22,7 +22,8 @@ import torch
 from .capture import capture_layer_inputs, load_model
 from .corpus import open_corpus
 from .pipeline import peak_memory_mib
-from .stats import SplitStats, to_float64
+from .stats import SplitStats
+from .targets import Accumulator, sink_rule
 
 
 def benchmark_pass(
@@ -42,7 +43,8 @@ def benchmark_pass(
     hf_model, tokenizer, config = load_model(model_dir, dtype)
     num_layers, d = int(config["num_hidden_layers"]), int(config["hidden_size"])
     layers = sorted(set(splits) | set(range(min(splits), num_layers)))
-    stats = {s: SplitStats.zeros(s, num_layers, d) for s in splits}
+    stats = {s: {"residual": SplitStats.zeros(s, num_layers, d)} for s in splits}
+    accumulator = Accumulator(("residual",), {}, sink_rule())
     pieces = []
     for doc in open_corpus(corpus).ordered(seed):
         ids = tokenizer(doc.text(), add_special_tokens=True, verbose=False)["input_ids"][:doc_tokens]
@@ -64,9 +66,8 @@ def benchmark_pass(
             else:
                 states = capture_layer_inputs(hf_model, ids, layers)
                 middle = time.perf_counter()
-                states = to_float64(states)
                 for s in splits:
-                    stats[s].add(states)
+                    accumulator.add(states, s, stats[s])
                 del states
                 capture += middle - start
                 accumulate += time.perf_counter() - middle

@@ -1,9 +1,12 @@
-"""``sgl-ridgefill calibrate``: fit maps from a model and a corpus; ``calibrate resolve``: re-solve.
+"""``sgl-ridgefill calibrate``: fit maps from a model and a corpus; ``calibrate stats``: the statistics
+pass alone, for several map kinds; ``calibrate fit`` (or ``resolve``): solve saved statistics.
 
     sgl-ridgefill calibrate --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --out DIR
-        [--lambda auto|FLOAT] [--max-tokens N] [--doc-tokens N] [--heldout-docs N] [--quant bf16|int8]
-        [--stats DIR] [--force]
-    sgl-ridgefill calibrate resolve --stats DIR --out DIR --lambda auto|FLOAT [--quant ...] [--force]
+        [--kind residual|normalised|kv|kv+context] [--lambda auto|FLOAT] [--max-tokens N] [--doc-tokens N]
+        [--heldout-docs N] [--quant bf16|int8] [--stats DIR] [--force]
+    sgl-ridgefill calibrate stats --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --stats DIR
+        [--kinds residual,kv+context|all] [--max-tokens N] ... [--force]
+    sgl-ridgefill calibrate fit --stats DIR --out DIR [--kind KIND] [--lambda auto|FLOAT] [--quant ...] [--force]
 
 User errors print one line and exit 1 (bad input) or 2 (bad usage); no traceback.
 """
@@ -34,6 +37,28 @@ def _splits(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers like 12,16, got {text!r}") from None
 
 
+def _kind(text: str) -> str:
+    from sgl_ridgefill.maps.kinds import MAP_KINDS
+
+    if text not in MAP_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown map kind {text!r}; known: {', '.join(MAP_KINDS)}")
+    return text
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    from sgl_ridgefill.maps.kinds import MAP_KINDS
+
+    if text.strip() == "all":
+        return tuple(MAP_KINDS)
+    kinds = tuple(part.strip() for part in text.split(",") if part.strip())
+    for kind in kinds:
+        if kind not in MAP_KINDS:
+            raise argparse.ArgumentTypeError(f"unknown map kind {kind!r}; known: {', '.join(MAP_KINDS)}, or all")
+    if not kinds:
+        raise argparse.ArgumentTypeError(f"expected map kinds like residual,kv+context (known: {', '.join(MAP_KINDS)}), or all")
+    return kinds
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -45,33 +70,35 @@ def _positive(text: str) -> int:
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``calibrate`` (and ``calibrate resolve``) to the top-level ``sgl-ridgefill`` parser."""
+    """Add ``calibrate`` (and ``calibrate stats``, ``fit``/``resolve``, ``fingerprint``) to the top-level parser."""
     parser = subparsers.add_parser(
         "calibrate", help="fit RidgeFill maps for a model on a text corpus",
         description="Run the model once over the corpus, keep sufficient statistics, solve the ridge maps, "
         "and write a maps folder for --ridgefill-maps.",
     )
-    parser.add_argument("--model", help="Hugging Face model folder, or a name `sgl-ridgefill model fetch` knows")
-    parser.add_argument("--corpus", help="folder of .txt/.jsonl files, or 'builtin' (Debian bible-kjv, python3-doc, the stdlib)")
-    parser.add_argument("--splits", type=_splits, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
+    _pass_options(parser)
     parser.add_argument("--out", type=pathlib.Path, help="maps folder to write (must not exist unless --force)")
+    parser.add_argument("--kind", type=_kind, default="residual",
+                        help="map kind to fit: residual (default), normalised, kv or kv+context (README, maps/kinds.py)")
     _common(parser)
-    parser.add_argument("--max-tokens", type=_positive, default=250_000, help="training tokens to read (default 250000)")
-    parser.add_argument("--doc-tokens", type=_positive, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
-    parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
-    parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
-    parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="model dtype for the pass")
-    parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
-    parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_calibrate, calibrate_command=None)
 
-    commands = parser.add_subparsers(dest="calibrate_command", metavar="{resolve,fingerprint}")
-    again = commands.add_parser("resolve", help="re-solve saved statistics with another lambda, without reading text")
+    commands = parser.add_subparsers(dest="calibrate_command", metavar="{stats,fit,fingerprint}")
+    stats = commands.add_parser(
+        "stats", help="the statistics pass alone, for one or more map kinds (then `calibrate fit --kind`)"
+    )
+    _pass_options(stats)
+    stats.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder to write (or resume)")
+    stats.add_argument("--kinds", type=_kinds, default=("residual",), metavar="KIND[,KIND]|all",
+                       help="map kinds to accumulate (default residual; all: residual,normalised,kv,kv+context)")
+    stats.add_argument("--force", action="store_true", help="restart mismatched or unreadable --stats")
+    stats.set_defaults(func=_stats)
+    again = commands.add_parser("fit", aliases=["resolve"],
+                                help="solve saved statistics (another kind or lambda) without reading text")
     again.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder of an earlier calibrate")
     again.add_argument("--out", type=pathlib.Path, required=True, help="maps folder to write")
     again.add_argument("--splits", type=_splits, default=None, help="subset of the splits in the statistics")
+    again.add_argument("--kind", type=_kind, default="residual", help="map kind to fit, one the statistics hold (default residual)")
     _common(again, stats=False)
     again.set_defaults(func=_resolve)
     stamp = commands.add_parser(
@@ -81,6 +108,22 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     stamp.add_argument("--model", required=True, help="the model the maps were fitted on (folder or known name)")
     stamp.add_argument("--force", action="store_true", help="replace a fingerprint that does not match --model")
     stamp.set_defaults(func=_fingerprint)
+
+
+def _pass_options(parser: argparse.ArgumentParser) -> None:
+    """What the statistics pass reads and how: shared by ``calibrate`` and ``calibrate stats``."""
+    parser.add_argument("--model", help="Hugging Face model folder, or a name `sgl-ridgefill model fetch` knows")
+    parser.add_argument("--corpus", help="folder of .txt/.jsonl files, or 'builtin' (Debian bible-kjv, python3-doc, the stdlib)")
+    parser.add_argument("--splits", type=_splits, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
+    parser.add_argument("--max-tokens", type=_positive, default=250_000, help="training tokens to read (default 250000)")
+    parser.add_argument("--doc-tokens", type=_positive, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
+    parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
+    parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
+    parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="model dtype for the pass")
+    parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
+    parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _common(parser: argparse.ArgumentParser, *, stats: bool = True) -> None:
@@ -98,29 +141,57 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
-def _calibrate(args: argparse.Namespace) -> int:
+def _missing(args: argparse.Namespace, *flags: str) -> list[str]:
+    return [flag for flag in flags if getattr(args, flag[2:]) is None]
+
+
+def _config(args: argparse.Namespace, *, out_dir: pathlib.Path | None, kinds: tuple[str, ...]):
     from .config import CalibrationConfig
+
+    fit = {"lam": args.lam, "quant": args.quant, "group_size": args.group_size} if out_dir is not None else {}
+    return CalibrationConfig(
+        model=args.model, corpus=args.corpus, splits=args.splits, out_dir=out_dir,
+        max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, max_doc_pieces=args.max_doc_pieces,
+        min_doc_tokens=args.min_doc_tokens,
+        heldout_docs=args.heldout_docs, stats_dir=args.stats,
+        force=args.force, seed=args.seed, dtype=args.dtype, checkpoint_seconds=args.checkpoint_seconds,
+        progress=not args.no_progress, kinds=kinds, **fit,
+    )
+
+
+def _interrupted(stats: object) -> int:
+    return _fail(f"interrupted; statistics up to the last checkpoint are kept in {stats}; re-run the same command to resume", 130)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
     from .pipeline import calibrate
 
-    missing = [flag for flag, value in (("--model", args.model), ("--corpus", args.corpus), ("--splits", args.splits), ("--out", args.out)) if value is None]
+    missing = _missing(args, "--model", "--corpus", "--splits", "--out")
     if missing:
         return _fail(f"the following arguments are required: {', '.join(missing)}", 2)
     try:
-        config = CalibrationConfig(
-            model=args.model, corpus=args.corpus, splits=args.splits, out_dir=args.out, lam=args.lam,
-            max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, max_doc_pieces=args.max_doc_pieces,
-            min_doc_tokens=args.min_doc_tokens,
-            heldout_docs=args.heldout_docs, quant=args.quant, group_size=args.group_size, stats_dir=args.stats,
-            force=args.force, seed=args.seed, dtype=args.dtype, checkpoint_seconds=args.checkpoint_seconds,
-            progress=not args.no_progress,
-        )
-        result = calibrate(config)
+        result = calibrate(_config(args, out_dir=args.out, kinds=(args.kind,)))
     except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
         return _fail(str(exc))
     except KeyboardInterrupt:
-        stats = args.stats or f"{args.out}.stats"
-        return _fail(f"interrupted; statistics up to the last checkpoint are kept in {stats}; re-run the same command to resume", 130)
+        return _interrupted(args.stats or f"{args.out}.stats")
     print(result.out_dir)
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .pipeline import collect_stats
+
+    missing = _missing(args, "--model", "--corpus", "--splits")
+    if missing:
+        return _fail(f"the following arguments are required: {', '.join(missing)}", 2)
+    try:
+        _, stats_dir, _ = collect_stats(_config(args, out_dir=None, kinds=args.kinds))
+    except ValueError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _interrupted(args.stats)
+    print(stats_dir)
     return 0
 
 
@@ -128,7 +199,7 @@ def _resolve(args: argparse.Namespace) -> int:
     from .pipeline import resolve
 
     try:
-        result = resolve(args.stats, args.out, args.lam, splits=args.splits, quant=args.quant,
+        result = resolve(args.stats, args.out, args.lam, splits=args.splits, kind=args.kind, quant=args.quant,
                          group_size=args.group_size, force=args.force)
     except ValueError as exc:
         return _fail(str(exc))

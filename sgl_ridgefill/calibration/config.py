@@ -6,6 +6,7 @@ import dataclasses
 import pathlib
 
 from sgl_ridgefill.maps.format import QUANTS
+from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS
 
 # Scale-free ridge penalties tried on held-out documents (the seeds chose 0.03, 0.01 and 0.003).
 LAMBDA_GRID: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
@@ -39,7 +40,7 @@ class CalibrationConfig:
     model: str
     corpus: str
     splits: tuple[int, ...]
-    out_dir: pathlib.Path
+    out_dir: pathlib.Path | None  # None: statistics only (`calibrate stats`), into stats_dir
     lam: float | None = None
     max_tokens: int = 250_000
     doc_tokens: int = 2048
@@ -54,11 +55,25 @@ class CalibrationConfig:
     dtype: str = "bfloat16"
     checkpoint_seconds: float = 120.0
     progress: bool = True
+    # Map kinds (maps/kinds.py) whose statistics the pass accumulates; `calibrate` fits the first.
+    kinds: tuple[str, ...] = (DEFAULT_KIND,)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "out_dir", pathlib.Path(self.out_dir))
+        if self.out_dir is not None:
+            object.__setattr__(self, "out_dir", pathlib.Path(self.out_dir))
         if self.stats_dir is not None:
             object.__setattr__(self, "stats_dir", pathlib.Path(self.stats_dir))
+        if self.out_dir is None and self.stats_dir is None:
+            raise CalibrationError("--stats: give the statistics folder to write (there is no --out to put it beside)")
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
+        object.__setattr__(self, "kinds", kinds)
+        if not kinds:
+            raise CalibrationError(f"--kinds: give at least one map kind ({', '.join(MAP_KINDS)}, or all)")
+        for kind in kinds:
+            if kind not in MAP_KINDS:
+                raise CalibrationError(f"--kinds: unknown map kind {kind!r}; known: {', '.join(MAP_KINDS)} (or all)")
+        if len(set(kinds)) != len(kinds):
+            raise CalibrationError(f"--kinds: {','.join(kinds)} repeats a kind")
         splits = tuple(self.splits)
         object.__setattr__(self, "splits", splits)
         if not splits:

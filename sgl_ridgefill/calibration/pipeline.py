@@ -1,7 +1,8 @@
 """One command from a model and a corpus to a maps folder: pass, solve, write.
 
-``calibrate`` runs (or resumes) the statistics pass, solves every split, and writes the maps folder;
-``resolve`` re-solves saved statistics with another ``lambda`` (or quantisation) without reading text.
+``collect_stats`` runs (or resumes) the statistics pass for one or more map kinds; ``calibrate`` runs it
+for one kind, solves every split, and writes the maps folder; ``resolve`` re-solves saved statistics for any
+kind they hold, with another ``lambda`` (or quantisation), without reading text.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sgl_ridgefill.maps import (
     write_maps_folder,
 )
 from sgl_ridgefill.maps.format import MapsError
+from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS, map_kind
 
 from .config import CalibrationConfig, CalibrationError
 from .solve import SplitFit, fit_split
@@ -64,8 +66,8 @@ def _hf_fingerprint(model: Any, hf_config: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int, ...], force: bool, log: Log) -> StatsState:
-    fresh = lambda: StatsState.fresh(run, splits, run["num_layers"], run["d"], run["vocab"])  # noqa: E731
+def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], force: bool, log: Log) -> StatsState:
+    fresh = lambda: StatsState.fresh(run)  # noqa: E731
     if not stats_exist(stats_dir):
         return fresh()
     try:
@@ -78,15 +80,20 @@ def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int,
     # Statistics saved before per-layer fingerprints existed match on everything else, then gain them.
     legacy = "layers" not in state.run["model"]
     old, new = _comparable(state.run), _comparable(run, layers=not legacy)
+    if set(new["kinds"]) <= set(old["kinds"]):
+        new["kinds"] = old["kinds"]  # a pass accumulating more kinds serves this one too, and goes on with all
     if old == new:
         train = state.progress["train"]
-        log(f"resuming from {stats_dir}: {train['documents']} training documents, {train['tokens']} tokens already read")
+        log(f"resuming from {stats_dir}: {train['documents']} training documents, {train['tokens']} tokens already read"
+            + (f" (kinds {', '.join(state.kinds)})" if state.kinds != tuple(run["kinds"]) else ""))
         if legacy:
             log(f"{stats_dir}: recording the per-layer model fingerprint these statistics predate")
-            state.run = run
+            state.run = {**run, "kinds": state.run["kinds"]}
             state.save(stats_dir)
         return state
     differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if "kinds" in differing:
+        differing[differing.index("kinds")] = f"kinds: they hold {','.join(old['kinds'])}, not {','.join(new['kinds'])}"
     if not force:
         raise CalibrationError(
             f"--stats {stats_dir} holds statistics of a different calibration (differs in: {', '.join(differing)}); "
@@ -97,16 +104,30 @@ def _open_state(stats_dir: pathlib.Path, run: dict[str, Any], splits: tuple[int,
 
 
 def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationResult:
-    """Run the whole calibration described by ``config`` and write ``config.out_dir``."""
+    """Run the whole calibration described by ``config`` and write maps of its first kind to ``config.out_dir``."""
+    started = time.perf_counter()
+    if config.out_dir is None:
+        raise CalibrationError("--out: give the maps folder to write")
+    state, stats_dir, pass_info = collect_stats(config, log=log)
+    return _solve_and_write(
+        state, stats_dir, config.out_dir, config.lam, splits=config.splits, kind=config.kinds[0], quant=config.quant,
+        group_size=config.group_size, force=config.force,
+        extra={"max_tokens": config.max_tokens, "max_doc_pieces": config.max_doc_pieces, "pass": pass_info,
+               "_started": started}, log=log,
+    )
+
+
+def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[StatsState, pathlib.Path, dict[str, Any]]:
+    """Run (or resume) the statistics pass of ``config`` for its map kinds: ``(state, stats folder, pass timing)``."""
     from sgl_ridgefill.models import resolve_model
 
     from .capture import load_model, read_config
     from .corpus import open_corpus
     from .statpass import check_enough_rows, run_pass
+    from .targets import kv_dim, sink_rule
 
-    started = time.perf_counter()
     out_dir = config.out_dir
-    if out_dir.exists() and not config.force:
+    if out_dir is not None and out_dir.exists() and not config.force:
         raise CalibrationError(f"--out {out_dir} already exists (use --force to replace it)")
     corpus = open_corpus(config.corpus)
     if len(corpus.documents) < config.heldout_docs + 1:
@@ -130,6 +151,9 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
         "num_layers": num_layers,
         "d": d,
         "vocab": max(int(hf_config["vocab_size"]), len(tokenizer)),
+        "kv_dim": kv_dim(model),
+        "kinds": [kind for kind in MAP_KINDS if kind in config.kinds],
+        "sink": sink_rule(),  # rows left out of the fit
         "doc_tokens": config.doc_tokens,
         "min_doc_tokens": config.min_doc_tokens,
         "heldout_docs": config.heldout_docs,
@@ -137,7 +161,7 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
         "dtype": config.dtype,
     }
     stats_dir = config.resolved_stats_dir
-    state = _open_state(stats_dir, run, tuple(sorted(config.splits)), config.force, log)
+    state = _open_state(stats_dir, run, config.force, log)
     save = lambda s: s.save(stats_dir)  # noqa: E731
     timing = run_pass(model, tokenizer, corpus, state, config, save=save, log=log)
     check_enough_rows(state, corpus.name, config)
@@ -147,13 +171,8 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
         f"accumulation {timing.accumulate_s:.1f} s ({pass_info['accumulate_overhead']:.1%} of forward); "
         f"peak memory {pass_info['peak_memory_mib']:.0f} MiB"
     )
-    del model
-    return _solve_and_write(
-        state, stats_dir, out_dir, config.lam, splits=config.splits, quant=config.quant,
-        group_size=config.group_size, force=config.force,
-        extra={"max_tokens": config.max_tokens, "max_doc_pieces": config.max_doc_pieces, "pass": pass_info,
-               "_started": started}, log=log,
-    )
+    log(f"statistics of kind(s) {', '.join(state.kinds)} for split(s) {', '.join(map(str, state.splits))} kept in {stats_dir}")
+    return state, stats_dir, pass_info
 
 
 def resolve(
@@ -162,21 +181,29 @@ def resolve(
     lam: float | None,
     *,
     splits: tuple[int, ...] | None = None,
+    kind: str = DEFAULT_KIND,
     quant: str = "bf16",
     group_size: int = 128,
     force: bool = False,
     log: Log = _stderr,
 ) -> CalibrationResult:
-    """Re-solve saved statistics (another ``lam``, ``None`` = choose on held-out) into a new maps folder."""
+    """Re-solve saved statistics (another ``lam``, ``None`` = choose on held-out) into a new maps folder of
+    map kind ``kind`` (one the statistics hold)."""
     stats_dir, out_dir = pathlib.Path(stats_dir), pathlib.Path(out_dir)
     if lam is not None and not lam > 0:
         raise CalibrationError(f"--lambda must be a positive number or 'auto', got {lam!r}")
     if out_dir.exists() and not force:
         raise CalibrationError(f"--out {out_dir} already exists (use --force to replace it)")
     state = load_stats(stats_dir)
-    available = tuple(sorted(state.train))
+    map_kind(kind)  # a known kind, or a ValueError naming the known ones
+    if kind not in state.kinds:
+        raise CalibrationError(
+            f"--kind {kind}: the statistics in {stats_dir} hold kind(s) {', '.join(state.kinds)}, not {kind}; "
+            f"accumulate it with `sgl-ridgefill calibrate stats ... --kinds {','.join((*state.kinds, kind))}`"
+        )
+    available = tuple(sorted(state.splits))
     splits = tuple(splits) if splits else available
-    absent = [s for s in splits if s not in state.train]
+    absent = [s for s in splits if s not in available]
     if absent:
         raise CalibrationError(
             f"--splits: the statistics in {stats_dir} cover split(s) {', '.join(map(str, available))}, "
@@ -184,8 +211,8 @@ def resolve(
         )
     if not state.progress["exhausted"] and state.progress["train"]["tokens"] == 0:
         raise CalibrationError(f"--stats {stats_dir}: the pass read no training tokens yet")
-    return _solve_and_write(state, stats_dir, out_dir, lam, splits=splits, quant=quant, group_size=group_size,
-                            force=force, extra={"_started": time.perf_counter()}, log=log)
+    return _solve_and_write(state, stats_dir, out_dir, lam, splits=splits, kind=kind, quant=quant,
+                            group_size=group_size, force=force, extra={"_started": time.perf_counter()}, log=log)
 
 
 def fingerprint(maps_dir: pathlib.Path, model: str, *, force: bool = False, log: Log = _stderr) -> pathlib.Path:
@@ -218,6 +245,7 @@ def _solve_and_write(
     lam: float | None,
     *,
     splits: tuple[int, ...],
+    kind: str,
     quant: str,
     group_size: int,
     force: bool,
@@ -229,12 +257,15 @@ def _solve_and_write(
     maps = []
     for split in splits:
         start = time.perf_counter()
-        heldout = state.heldout[split] if state.heldout[split].rows else None
-        fit = fit_split(state.train[split], heldout, lam)
+        train, heldout, heldout_all = (side[split, kind] for side in (state.train, state.heldout, state.heldout_all))
+        exact = state.exact_kv[split] if map_kind(kind).predicts_kv else None
+        fit = fit_split(train, heldout if heldout.rows else None, lam, kind=kind, exact=exact, heldout_all=heldout_all)
         fits[split] = fit
-        log(f"split {split}: solved in {time.perf_counter() - start:.1f} s")
+        sinks = {side: progress[side]["sinks"].get(str(split), 0) for side in ("train", "heldout")}
+        log(f"split {split} ({kind}): solved in {time.perf_counter() - start:.1f} s; sink rows left out: "
+            f"{sinks['train']} training, {sinks['heldout']} held-out")
         _log_scores(fit, log)
-        maps.append(SplitMaps(split, fit.A, fit.b, fit.info(state.heldout[split].rows, state.train[split].rows)))
+        maps.append(SplitMaps(split, fit.A, fit.b, fit.info(train.rows, heldout.rows, heldout_all.rows, sinks)))
     started = extra.pop("_started")
     calibration = {
         "corpus": {**state.run["corpus"], "read": progress["train_sources"], "heldout_read": progress["heldout_sources"]},
@@ -260,11 +291,11 @@ def _solve_and_write(
         write_maps_folder(
             out_dir, maps, model=state.run["model"], tokenizer=state.run["tokenizer"], quant=quant,
             group_size=group_size, default_split=splits[0], calibration=calibration,
-            token_counts=state.token_counts, stats_dir=stats_dir, force=force,
+            token_counts=state.token_counts, stats_dir=stats_dir, map_kind=kind, sink=state.run["sink"], force=force,
         )
     except MapsError as exc:
         raise CalibrationError(str(exc)) from None
-    log(f"wrote {out_dir} ({quant}) in {time.perf_counter() - started:.1f} s since start; statistics kept in {stats_dir}")
+    log(f"wrote {out_dir} ({kind}, {quant}) in {time.perf_counter() - started:.1f} s since start; statistics kept in {stats_dir}")
     return CalibrationResult(out_dir, stats_dir, fits, calibration)
 
 
@@ -274,8 +305,11 @@ def _log_scores(fit: SplitFit, log: Log) -> None:
     if fit.r2 is None:
         log("  no held-out documents: no scores")
         return
-    log("  layer   R2 ridge   R2 identity")
-    for offset, (r2, r2i) in enumerate(zip(fit.r2, fit.r2_identity or [float("nan")] * len(fit.r2))):
-        log(f"  {fit.split + offset:5d}   {r2:8.4f}   {r2i:11.4f}")
-    mean_i = sum(fit.r2_identity) / len(fit.r2_identity) if fit.r2_identity else float("nan")
-    log(f"   mean   {sum(fit.r2) / len(fit.r2):8.4f}   {mean_i:11.4f}")
+    nan = [float("nan")] * len(fit.r2)
+    columns = (fit.r2, fit.r2_identity or nan, fit.r2_all or nan, fit.r2_identity_all or nan)
+    log("         normal rows (sinks left out)   all rows")
+    log("  layer   R2 ridge   R2 identity      R2 ridge   R2 identity")
+    for offset, row in enumerate(zip(*columns)):
+        log(f"  {fit.split + offset:5d}   {row[0]:8.4f}   {row[1]:11.4f}      {row[2]:8.4f}   {row[3]:11.4f}")
+    means = [sum(c) / len(c) for c in columns]
+    log(f"   mean   {means[0]:8.4f}   {means[1]:11.4f}      {means[2]:8.4f}   {means[3]:11.4f}")

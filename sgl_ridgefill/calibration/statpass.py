@@ -5,7 +5,9 @@ before any training document, so the scoring set does not depend on ``--max-toke
 ``doc_tokens`` of a held-out document are read (scoring needs rows, not whole books). Training
 documents follow, each source getting its weight's share of the tokens read (:class:`Mixer`), at most
 ``max_doc_pieces`` forward passes per document (so one long book cannot crowd out the rest), until
-``max_tokens`` training tokens are read. Peak memory is the statistics plus one forward pass's states.
+``max_tokens`` training tokens are read. Each piece adds to the statistics of every split and map kind
+of the run (``targets.py``: features, targets, sink rows left out). Peak memory is the statistics plus one
+forward pass's states and one upper layer's targets.
 
 Statistics are checkpointed every ``checkpoint_seconds`` and at the end, always at a document
 boundary, so re-running after an interruption resumes where the last checkpoint left off.
@@ -19,10 +21,13 @@ from typing import Any, Callable
 
 import torch
 
+from sgl_ridgefill.maps.kinds import map_kind
+
 from .capture import capture_layer_inputs
 from .config import CalibrationConfig, CalibrationError
 from .corpus import Corpus, Document, Mixer, iter_pieces, pick_heldout
-from .stats import StatsState, to_float64
+from .stats import StatsState
+from .targets import Accumulator, kv_projections
 
 
 @dataclasses.dataclass
@@ -82,9 +87,13 @@ def run_pass(
 ) -> PassTiming:
     """Accumulate statistics into ``state`` (resuming from its progress); calls ``save`` at checkpoints."""
     progress = state.progress
-    splits = tuple(sorted(state.train))
+    splits, kinds = tuple(sorted(state.splits)), state.kinds
     num_layers = state.run["num_layers"]
     layers = sorted(set(splits) | set(range(min(splits), num_layers)))
+    projections = kv_projections(model, layers) if any(map_kind(k).predicts_kv for k in kinds) else {}
+    for split in splits if projections else ():
+        state.exact_kv.setdefault(split, projections[split].exact_map())
+    accumulator = Accumulator(kinds, projections, state.run["sink"])
     vocab = state.token_counts.numel()
     tokens = _Tokens(tokenizer)
     timing = PassTiming()
@@ -114,9 +123,10 @@ def run_pass(
             start = time.perf_counter()
             states = capture_layer_inputs(model, ids, layers)
             middle = time.perf_counter()
-            states = to_float64(states)
             for split in splits:
-                stats[split].add(states)
+                every = {k: state.heldout_all[split, k] for k in kinds} if side == "heldout" else None
+                sinks = accumulator.add(states, split, {k: stats[split, k] for k in kinds}, every)
+                counters["sinks"][str(split)] = counters["sinks"].get(str(split), 0) + sinks
             state.token_counts += torch.bincount(ids, minlength=vocab)[:vocab]
             del states
             timing.forward_s += middle - start
@@ -184,9 +194,9 @@ def run_pass(
 
 
 def check_enough_rows(state: StatsState, corpus_name: str, config: CalibrationConfig) -> None:
-    """A fit needs at least ``d_in`` training rows; say why there are too few."""
+    """A fit needs at least ``d_in`` training rows (of the widest kind); say why there are too few."""
     train = state.progress["train"]
-    d = state.run["d"]
+    d = max(map_kind(kind).d_in(state.run["d"]) for kind in state.kinds)
     if train["tokens"] >= d:
         return
     skipped = state.progress["skipped_short"]

@@ -1,17 +1,21 @@
 """Sufficient statistics of the ridge maps, accumulated in float64, and their resumable store.
 
-For one split ``S`` over a set of rows (token positions), with ``x = x_S`` and ``y_l = x_l`` for each
-upper layer ``l in [S, L)``, the raw (uncentered) sums
+For one split ``S`` and one map kind (``maps/kinds.py``) over a set of rows (token positions), with ``z``
+the kind's features of a row (``[d_in]``), ``y_l`` its target at each upper layer ``l in [S, L)``
+(``[d_out]``) and ``p_l`` identity fill's prediction of that target (the target computed from ``x_S`` in
+place of ``x_l``), the raw (uncentered) sums
 
-    count, sum_x [d], sum_y [U, d], xtx = sum x x^T [d, d], xty = sum x y_l^T [U, d, d], yy = sum |y_l|^2 [U]
+    count, sum_x [d_in], sum_y [U, d_out], xtx = sum z z^T [d_in, d_in], xty = sum z y_l^T [U, d_in, d_out],
+    yy = sum |y_l|^2 [U], py = sum p_l . y_l [U], pp = sum |p_l|^2 [U]
 
-determine both the ridge solve (after centering) and the squared error of any affine map ``(A, b)``
-on those rows, so held-out scoring needs no stored states either. Raw sums are kept in float64 and
-centered only at solve time; float64 absorbs the cancellation from the residual stream's large means.
+determine the ridge solve (after centering), the squared error of any affine map ``(A, b)`` on those rows
+and that of identity fill, so held-out scoring needs no stored states either. Raw sums are kept in float64
+and centered only at solve time; float64 absorbs the cancellation from the residual stream's large means.
 
-The store is one safetensors file (statistics of every split, training and held-out, token counts)
-whose metadata carries the run's identity and progress. It is replaced atomically, so an interrupted
-run resumes from the last checkpoint at a document boundary and never counts a document twice.
+The store is one safetensors file (statistics of every split and kind: training rows, held-out normal
+rows and held-out rows with the sinks; token counts) whose metadata carries the run's identity and
+progress. It is replaced atomically, so an interrupted run resumes from the last checkpoint at a document
+boundary and never counts a document twice.
 """
 
 from __future__ import annotations
@@ -20,40 +24,44 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from sgl_ridgefill.maps.kinds import map_kind
+
 from .config import CalibrationError
 
 STATS_FILE = "stats.safetensors"
 STATS_FORMAT = "sgl-ridgefill-stats"
-STATS_VERSION = 1
-_FIELDS = ("count", "sum_x", "sum_y", "xtx", "xty", "yy")
+STATS_VERSION = 2  # 2: per map kind, sinks left out, held-out kept with and without them, identity sums
+_FIELDS = ("count", "sum_x", "sum_y", "xtx", "xty", "yy", "py", "pp")
+SIDES = ("train", "heldout", "heldout_all")  # training rows and held-out rows without sinks; held-out rows, all
 
 
 @dataclasses.dataclass
 class SplitStats:
-    """Raw float64 sums for split ``split`` (upper layers ``split..num_layers-1``, ``U`` of them)."""
+    """Raw float64 sums of one map kind for split ``split`` (upper layers ``split..num_layers-1``, ``U``
+    of them): features ``[d_in]``, targets ``[d_out]``."""
 
     split: int
     num_layers: int
     count: torch.Tensor  # [] rows
-    sum_x: torch.Tensor  # [d]
-    sum_y: torch.Tensor  # [U, d]
-    xtx: torch.Tensor  # [d, d]
+    sum_x: torch.Tensor  # [d_in]
+    sum_y: torch.Tensor  # [U, d_out]
+    xtx: torch.Tensor  # [d_in, d_in]
     xty: torch.Tensor  # [U, d_in, d_out]
     yy: torch.Tensor  # [U]
+    py: torch.Tensor  # [U] identity fill's prediction . target
+    pp: torch.Tensor  # [U] |identity fill's prediction|^2
 
     @classmethod
-    def zeros(cls, split: int, num_layers: int, d: int) -> "SplitStats":
-        u = num_layers - split
-        f64 = torch.float64
-        return cls(split, num_layers, torch.zeros((), dtype=f64), torch.zeros(d, dtype=f64),
-                   torch.zeros(u, d, dtype=f64), torch.zeros(d, d, dtype=f64),
-                   torch.zeros(u, d, d, dtype=f64), torch.zeros(u, dtype=f64))
+    def zeros(cls, split: int, num_layers: int, d_in: int, d_out: int | None = None) -> "SplitStats":
+        u, d_out = num_layers - split, d_in if d_out is None else d_out
+        z = lambda *shape: torch.zeros(shape, dtype=torch.float64)  # noqa: E731
+        return cls(split, num_layers, z(), z(d_in), z(u, d_out), z(d_in, d_in), z(u, d_in, d_out), z(u), z(u), z(u))
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -63,18 +71,27 @@ class SplitStats:
     def rows(self) -> int:
         return int(self.count.item())
 
-    def add(self, states: Mapping[int, torch.Tensor]) -> None:
-        """Accumulate one sequence. ``states``: ``{l: x_l [n, d]}`` for ``split`` and every upper layer,
-        already float64 (see :func:`to_float64`)."""
-        x = states[self.split]
-        self.count += x.shape[0]
-        self.sum_x += x.sum(0)
-        self.xtx.addmm_(x.T, x)
-        for i, layer in enumerate(self.layers):
-            y = states[layer]
-            self.sum_y[i] += y.sum(0)
-            self.xty[i].addmm_(x.T, y)
-            self.yy[i] += torch.dot(y.reshape(-1), y.reshape(-1))
+    def add_features(self, z: torch.Tensor) -> None:
+        """Accumulate the features of some rows (``z``: ``[n, d_in]`` float64); their targets follow, layer by
+        layer, through :meth:`add_layer` with the same rows."""
+        self.count += z.shape[0]
+        self.sum_x += z.sum(0)
+        self.xtx.addmm_(z.T, z)
+
+    def add_layer(self, index: int, z: torch.Tensor, y: torch.Tensor, p: torch.Tensor) -> None:
+        """Accumulate upper layer ``split + index``: ``z`` ``[n, d_in]`` features, ``y`` ``[n, d_out]`` targets,
+        ``p`` ``[n, d_out]`` identity fill's predictions of them, all float64."""
+        self.sum_y[index] += y.sum(0)
+        self.xty[index].addmm_(z.T, y)
+        self.yy[index] += torch.dot(y.reshape(-1), y.reshape(-1))
+        self.py[index] += torch.dot(p.reshape(-1), y.reshape(-1))
+        self.pp[index] += torch.dot(p.reshape(-1), p.reshape(-1))
+
+    def add(self, z: torch.Tensor, targets: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Accumulate rows at once: ``z`` ``[n, d_in]`` and, per upper layer in order, ``(y, p)`` ``[n, d_out]``."""
+        self.add_features(z)
+        for index, (y, p) in enumerate(targets):
+            self.add_layer(index, z, y, p)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.{name}": getattr(self, name).reshape(-1) if name == "count" else getattr(self, name)
@@ -87,49 +104,61 @@ class SplitStats:
         return cls(split, num_layers, **values)
 
 
-def to_float64(states: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    """One conversion per layer per sequence, shared by every split that reads the layer."""
-    return {layer: x.to(torch.float64) for layer, x in states.items()}
+Key = tuple[int, str]  # (split, map kind)
 
 
 @dataclasses.dataclass
 class StatsState:
     """Everything a calibration pass accumulates, and its progress.
 
-    ``run``: what identifies the pass (model and tokenizer fingerprints, corpus, splits, document
-    settings, seed); a resumed pass must match it. ``progress``: ids of finished documents and counters.
+    ``run``: what identifies the pass (model and tokenizer fingerprints, corpus, splits, map kinds, sink
+    rule, document settings, seed); a resumed pass must match it. ``train``/``heldout``/``heldout_all``:
+    per ``(split, kind)``, the statistics of training rows and held-out rows without sinks, and of every
+    held-out row. ``exact_kv``: per split, the split layer's own K/V projection of ``u_S``
+    (``A [2 kv_dim, d]``, ``b [2 kv_dim]``; only with a ``kv`` kind), its exact map. ``progress``: ids of
+    finished documents and counters (sink rows per split among them).
     """
 
     run: dict[str, Any]
-    train: dict[int, SplitStats]
-    heldout: dict[int, SplitStats]
+    train: dict[Key, SplitStats]
+    heldout: dict[Key, SplitStats]
+    heldout_all: dict[Key, SplitStats]
+    exact_kv: dict[int, tuple[torch.Tensor, torch.Tensor]]
     token_counts: torch.Tensor  # [vocab] int64
     progress: dict[str, Any]
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self.run["kinds"])
+
+    @property
+    def splits(self) -> tuple[int, ...]:
+        return tuple(self.run["splits"])
+
+    def sides(self) -> dict[str, dict[Key, SplitStats]]:
+        return {"train": self.train, "heldout": self.heldout, "heldout_all": self.heldout_all}
+
     @classmethod
-    def fresh(cls, run: dict[str, Any], splits: tuple[int, ...], num_layers: int, d: int, vocab: int) -> "StatsState":
+    def fresh(cls, run: dict[str, Any]) -> "StatsState":
+        """Empty statistics for ``run`` (its ``splits``, ``kinds``, ``num_layers``, ``d``, ``kv_dim``, ``vocab``)."""
         progress = {
             "done": [], "heldout_ids": [], "skipped_short": [], "exhausted": False,
             "train_sources": {}, "heldout_sources": {},
-            "train": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0},
-            "heldout": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0},
+            "train": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0, "sinks": {}},
+            "heldout": {"documents": 0, "tokens": 0, "pieces": 0, "longest": 0, "sinks": {}},
         }
-        return cls(
-            run,
-            {s: SplitStats.zeros(s, num_layers, d) for s in splits},
-            {s: SplitStats.zeros(s, num_layers, d) for s in splits},
-            torch.zeros(vocab, dtype=torch.int64),
-            progress,
-        )
+        empty = lambda: {key: _zeros(run, *key) for key in _keys(run)}  # noqa: E731
+        return cls(run, empty(), empty(), empty(), {}, torch.zeros(run["vocab"], dtype=torch.int64), progress)
 
     def save(self, stats_dir: pathlib.Path) -> None:
         """Write the whole state as one file, atomically (temporary file, then rename)."""
         stats_dir.mkdir(parents=True, exist_ok=True)
         tensors = {"token_counts": self.token_counts}
-        for split, stats in self.train.items():
-            tensors.update(stats.tensors(f"train.split{split}"))
-        for split, stats in self.heldout.items():
-            tensors.update(stats.tensors(f"heldout.split{split}"))
+        for side, stats in self.sides().items():
+            for (split, kind), entry in stats.items():
+                tensors.update(entry.tensors(f"{side}.split{split}.{kind}"))
+        for split, (a, b) in self.exact_kv.items():
+            tensors[f"exact_kv.split{split}.A"], tensors[f"exact_kv.split{split}.b"] = a, b
         header = {"format": STATS_FORMAT, "version": STATS_VERSION, "run": self.run, "progress": self.progress}
         tmp = stats_dir / f".{STATS_FILE}.tmp-{os.getpid()}"
         try:
@@ -139,6 +168,15 @@ class StatsState:
             tmp.unlink(missing_ok=True)
         # A readable copy for people; the safetensors metadata is what the code trusts.
         (stats_dir / "stats.json").write_text(json.dumps(header, indent=1) + "\n")
+
+
+def _keys(run: Mapping[str, Any]) -> list[Key]:
+    return [(split, kind) for split in run["splits"] for kind in run["kinds"]]
+
+
+def _zeros(run: Mapping[str, Any], split: int, kind: str) -> SplitStats:
+    k = map_kind(kind)
+    return SplitStats.zeros(split, run["num_layers"], k.d_in(run["d"]), k.d_out(run["d"], run["kv_dim"]))
 
 
 def stats_exist(stats_dir: pathlib.Path) -> bool:
@@ -156,18 +194,26 @@ def load_stats(stats_dir: pathlib.Path) -> StatsState:
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except Exception as exc:  # a foreign or damaged file: say which, not how safetensors failed
         raise CalibrationError(f"--stats {stats_dir}: {STATS_FILE} cannot be read ({type(exc).__name__}: {exc})") from None
-    if header.get("format") != STATS_FORMAT or header.get("version") != STATS_VERSION:
+    version = header.get("version")
+    if header.get("format") == STATS_FORMAT and isinstance(version, int) and version < STATS_VERSION:
         raise CalibrationError(
-            f"--stats {stats_dir}: {STATS_FILE} has format {header.get('format')!r} version {header.get('version')!r}; "
+            f"--stats {stats_dir}: {STATS_FILE} was written by an older sgl-ridgefill (stats version {version}; this "
+            f"one reads version {STATS_VERSION}, with statistics per map kind and sink rows left out): re-run calibrate "
+            f"stats with --force to rebuild them"
+        )
+    if header.get("format") != STATS_FORMAT or version != STATS_VERSION:
+        raise CalibrationError(
+            f"--stats {stats_dir}: {STATS_FILE} has format {header.get('format')!r} version {version!r}; "
             f"expected {STATS_FORMAT!r} version {STATS_VERSION}"
         )
     run = header["run"]
-    num_layers = run["num_layers"]
-    splits = tuple(run["splits"])
-    return StatsState(
-        run,
-        {s: SplitStats.from_tensors(f"train.split{s}", tensors, s, num_layers) for s in splits},
-        {s: SplitStats.from_tensors(f"heldout.split{s}", tensors, s, num_layers) for s in splits},
-        tensors["token_counts"],
-        header["progress"],
-    )
+    sides = {
+        side: {(s, k): SplitStats.from_tensors(f"{side}.split{s}.{k}", tensors, s, run["num_layers"]) for s, k in _keys(run)}
+        for side in SIDES
+    }
+    exact_kv = {
+        s: (tensors[f"exact_kv.split{s}.A"], tensors[f"exact_kv.split{s}.b"])
+        for s in run["splits"] if f"exact_kv.split{s}.A" in tensors
+    }
+    return StatsState(run, sides["train"], sides["heldout"], sides["heldout_all"], exact_kv, tensors["token_counts"],
+                      header["progress"])

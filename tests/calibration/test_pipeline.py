@@ -18,7 +18,7 @@ from sgl_ridgefill.calibration import (
 )
 from sgl_ridgefill.calibration import statpass
 from sgl_ridgefill.calibration.corpus import folder_corpus, iter_pieces
-from sgl_ridgefill.calibration.stats import to_float64
+from sgl_ridgefill.calibration.targets import Accumulator, sink_rule
 from sgl_ridgefill.maps import load_maps, model_fingerprint
 from sgl_ridgefill.maps.fingerprint import hf_fingerprint_layers
 
@@ -60,9 +60,17 @@ def test_folder_loads_and_records_the_run(calibrated, tiny_model):
     assert calibration["pieces"] <= 4 * calibration["documents"]
     assert calibration["corpus"]["sources"][0]["documents_available"] == 9
     assert calibration["documents"] + calibration["heldout_documents"] + 1 == 9
+    assert manifest["map_kind"] == "residual" and folder.kind.name == "residual"
+    assert manifest["sink"] == {"first_rows": 1, "norm_ratio": 10.0}
     for split in ("1", "2"):
         entry = manifest["splits"][split]
         assert entry["lambda"] in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
+        # Sink rows (the first of every piece at least) are left out of the fit and of the normal-row scores.
+        sinks = entry["sink_rows"]
+        assert sinks["train"] >= calibration["pieces"] and sinks["heldout"] >= 2
+        assert entry["train_rows"] == calibration["tokens"] - sinks["train"]
+        assert entry["heldout"]["rows"] == calibration["heldout_tokens"] - sinks["heldout"]
+        assert entry["heldout"]["rows_all"] == calibration["heldout_tokens"]
         layers = entry["heldout"]["layers"]
         assert list(layers) == [str(l) for l in range(int(split), 4)]
         assert layers[split]["r2"] == pytest.approx(1.0) and layers[split]["r2_identity"] == pytest.approx(1.0)
@@ -91,21 +99,23 @@ def test_rows_of_a_document_never_reach_both_sides(calibrated, tiny_model, text_
     layers = [1, 2, 3]
 
     def direct(ids_by_doc):
-        out = {s: SplitStats.zeros(s, 4, 64) for s in SPLITS}
+        out = {s: {"residual": SplitStats.zeros(s, 4, 64)} for s in SPLITS}
+        accumulator = Accumulator(("residual",), {}, sink_rule())
         for pieces in ids_by_doc:
             for piece in pieces:
-                states = to_float64(capture_layer_inputs(model, torch.tensor(piece), layers))
+                states = capture_layer_inputs(model, torch.tensor(piece), layers)
                 for s in SPLITS:
-                    out[s].add(states)
+                    accumulator.add(states, s, out[s])
         return out
 
     tokens = lambda doc_id: tokenizer(docs[doc_id].text(), add_special_tokens=True)["input_ids"]  # noqa: E731
     heldout = direct([[tokens(i)[:256]] for i in heldout_ids])
     train = direct([list(iter_pieces(tokens(i), 256, 32))[:4] for i in train_ids])  # max_doc_pieces = 4
     for s in SPLITS:
-        for name in ("count", "sum_x", "sum_y", "xtx", "xty", "yy"):
-            assert torch.allclose(getattr(state.heldout[s], name), getattr(heldout[s], name), rtol=1e-10, atol=1e-8)
-            assert torch.allclose(getattr(state.train[s], name), getattr(train[s], name), rtol=1e-10, atol=1e-8)
+        for name in ("count", "sum_x", "sum_y", "xtx", "xty", "yy", "py", "pp"):
+            for ours, theirs in ((state.heldout, heldout), (state.train, train)):
+                assert torch.allclose(getattr(ours[s, "residual"], name), getattr(theirs[s]["residual"], name),
+                                      rtol=1e-10, atol=1e-8)
 
 
 def test_interrupted_pass_resumes_to_the_same_statistics(calibrated, tiny_model, text_corpus, tmp_path, monkeypatch):
@@ -134,9 +144,10 @@ def test_interrupted_pass_resumes_to_the_same_statistics(calibrated, tiny_model,
     assert resumed.progress["done"] == reference.progress["done"]
     assert torch.equal(resumed.token_counts, reference.token_counts)
     for s in SPLITS:
-        for side in ("train", "heldout"):
-            for name in ("count", "sum_x", "xtx", "xty", "yy"):
-                assert torch.equal(getattr(getattr(resumed, side)[s], name), getattr(getattr(reference, side)[s], name))
+        for side in ("train", "heldout", "heldout_all"):
+            for name in ("count", "sum_x", "xtx", "xty", "yy", "py", "pp"):
+                assert torch.equal(getattr(getattr(resumed, side)[s, "residual"], name),
+                                   getattr(getattr(reference, side)[s, "residual"], name))
 
 
 def test_stats_of_another_setup_are_not_mixed_in(calibrated, tiny_model, text_corpus, tmp_path):

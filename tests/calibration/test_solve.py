@@ -20,13 +20,15 @@ def _data(n: int, seed: int):
 
 
 def _stats_layers(x, ys, chunk=None):
-    """Split 1 of a 3-layer model: layer 1's input is x itself, layer 2's is the target ys[0]."""
+    """Split 1 of a 3-layer model (residual kind): layer 1's input is x itself, layer 2's is the target ys[0];
+    identity fill predicts x for both."""
     stats = SplitStats.zeros(1, 3, D)
     n = x.shape[0]
     step = chunk or n
     for start in range(0, n, step):
         sl = slice(start, start + step)
-        stats.add({1: torch.from_numpy(x[sl]), 2: torch.from_numpy(ys[0][sl])})
+        xs, y = torch.from_numpy(x[sl]), torch.from_numpy(ys[0][sl])
+        stats.add(xs, [(xs, xs), (y, xs)])
     return stats
 
 
@@ -45,7 +47,7 @@ def test_chunked_accumulation_matches_one_shot():
     x, ys = _data(300, 0)
     one = _stats_layers(x, ys)
     many = _stats_layers(x, ys, chunk=37)
-    for name in ("count", "sum_x", "sum_y", "xtx", "xty", "yy"):
+    for name in ("count", "sum_x", "sum_y", "xtx", "xty", "yy", "py", "pp"):
         assert torch.allclose(getattr(one, name), getattr(many, name), rtol=1e-12, atol=1e-9), name
     assert one.rows == 300
 
@@ -113,7 +115,7 @@ def test_given_lambda_without_heldout():
 def test_degenerate_statistics_are_refused():
     stats = SplitStats.zeros(1, 3, D)
     zeros = torch.zeros(10, D, dtype=torch.float64)
-    stats.add({1: zeros, 2: zeros})
+    stats.add(zeros, [(zeros, zeros), (zeros, zeros)])
     with pytest.raises(CalibrationError) as info:
         ridge_maps(stats, 0.03)
     assert str(info.value) == (
