@@ -19,15 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from .arms import (CUT, EXACT, IDENTITY, IDENTITY_ROWS, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_NEEDLE_RANDOM,
+                   RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_RANDOM, RIDGEFILL_ROWS, arm_sort_key, is_splice, splice_parts)
 from .metrics import TokenScores, key_token_mask, kl_topk, mean_loss, new_token_mask, top1_agreement
 from .stats import bootstrap_mean, mcnemar, stratified_paired_bootstrap
-
-EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
-IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM = "identity+rows", "ridgefill+rows", "ridgefill+random"
-NOFILL_LONGTAIL, CUT = "nofill+longtail", "cut"
-SPLICE_ARMS = ("splice:keys", "splice:values", "splice:both", "splice:key_norm")
-ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM,
-             NOFILL_LONGTAIL, *SPLICE_ARMS, CUT)
 
 # (arm, vs) pairs compared on filled-region retrieval.
 RETRIEVAL_PAIRS = (
@@ -37,6 +32,12 @@ RETRIEVAL_PAIRS = (
     (RIDGEFILL_ROWS, RIDGEFILL_RANDOM),
     (RIDGEFILL, NOFILL_LONGTAIL),
     (IDENTITY_ROWS, IDENTITY),
+    # The needle-row oracle (QUALITY_NOTES D2): the needle's own rows exact, against the bare fill and
+    # against as many random rows.
+    (RIDGEFILL_NEEDLE_ROWS, RIDGEFILL),
+    (RIDGEFILL_NEEDLE_RANDOM, RIDGEFILL),
+    (RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_NEEDLE_RANDOM),
+    (RIDGEFILL_NEEDLE_ROWS, EXACT),
 )
 REGIONS = ("filled", "tail")
 LOSS_METRICS = ("key", "new", "all")
@@ -92,17 +93,13 @@ def _identity(record: Mapping[str, Any]) -> tuple | None:
     return None
 
 
-def arm_sort_key(arm: str) -> tuple[int, str]:
-    """Display order: ``ARM_ORDER`` first, unknown arms after it alphabetically."""
-    return (ARM_ORDER.index(arm), "") if arm in ARM_ORDER else (len(ARM_ORDER), arm)
-
-
 def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) -> dict[str, Any]:
     """All tables of one run, as a JSON-serialisable dict of lists of flat rows:
 
     ``meta``, ``check``: the last such record (or None). ``retrieval``: {length, task ("all" pools tasks),
     arm, region, n, mean, low, high}. ``retrieval_diffs``: filled region, per length and pooled ("all"):
-    {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``loss``: {length, arm, metric ("key",
+    {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``exact_rows``: exact prefix rows per
+    filled-region request where the server reported them: {length, arm, n, mean, min, max}. ``loss``: {length, arm, metric ("key",
     "new", "all"), n_docs, n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over
     per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents
     resampled within their corpus source (pooled when a source has one document). ``agreement``:
@@ -123,6 +120,7 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
         "check": dict(by_kind["check"][-1]) if by_kind["check"] else None,
         "retrieval": _retrieval(needles, n_resamples),
         "retrieval_diffs": _retrieval_diffs(needles, n_resamples),
+        "exact_rows": _exact_rows(needles),
         "loss": _loss(documents, n_resamples),
         "loss_diffs": _loss_diffs(documents, n_resamples),
         "agreement": _agreement(documents, n_resamples),
@@ -177,6 +175,17 @@ def _retrieval_diffs(needles: Sequence[Mapping[str, Any]], n_resamples: int) -> 
             rows.append({"length": length, "arm": arm, "vs": vs, "n": len(keys), **_interval(interval, "diff"),
                          "mcnemar_p": _num(test["p_value"]), "b01": int(test["b01"]), "b10": int(test["b10"])})
     return rows
+
+
+def _exact_rows(needles: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Exact prefix rows per filled-region request, as the server reported them (``meta_info["ridgefill"]``):
+    {length, arm, n, mean, min, max}, for the arms whose records carry them."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in needles:
+        if r["region"] == "filled" and isinstance(r.get("exact_rows"), int):
+            groups[(r["length"], r["arm"])].append(r["exact_rows"])
+    return [{"length": length, "arm": arm, "n": len(v), "mean": float(np.mean(v)), "min": min(v), "max": max(v)}
+            for (length, arm), v in sorted(groups.items(), key=lambda kv: (kv[0][0], arm_sort_key(kv[0][1])))]
 
 
 # ---------------------------------------------------------------------------------------------- documents
@@ -366,22 +375,30 @@ def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resampl
 
 
 def _splice(documents: Sequence[Document]) -> list[dict[str, Any]]:
-    """For each splice arm: its loss, RidgeFill's and exact's over the documents all three reached, and the
-    share of RidgeFill's excess loss the splice removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact)."""
+    """For each splice arm (every upper layer, or a layer range): its loss, RidgeFill's and exact's over the
+    documents all three reached, and the share of RidgeFill's excess loss the splice removes,
+    (L_ridgefill - L_splice) / (L_ridgefill - L_exact). ``kind`` is the splice (keys, values, ...), ``layers``
+    ``"all"`` or ``"FIRST-LAST"``."""
     rows = []
     for length, arms in _arms_by_length(documents).items():
         docs = [d for d in documents if d.length == length]
-        for arm in (a for a in arms if a in SPLICE_ARMS):
+        for arm in (a for a in arms if is_splice(a) and splice_parts(a) is not None):
+            kind, layers = splice_parts(arm)
             for metric in SPLICE_METRICS:
                 splice, ridgefill, exact = _paired(docs, metric, arm, RIDGEFILL, EXACT)
                 if not len(splice):
                     continue
                 l_s, l_rf, l_ex = float(splice.mean()), float(ridgefill.mean()), float(exact.mean())
                 gap = l_rf - l_ex
-                rows.append({"length": length, "arm": arm, "metric": metric, "n_docs": len(splice),
+                rows.append({"length": length, "arm": arm, "kind": kind, "layers": _layers_text(layers),
+                             "metric": metric, "n_docs": len(splice),
                              "loss": l_s, "ridgefill": l_rf, "exact": l_ex,
                              "share": None if abs(gap) < _ZERO_LOSS_GAP else (l_rf - l_s) / gap})
     return rows
+
+
+def _layers_text(layers: tuple[int, int] | None) -> str:
+    return ALL if layers is None else f"{layers[0]}-{layers[1]}"
 
 
 # ------------------------------------------------------------------------------------------------- helpers

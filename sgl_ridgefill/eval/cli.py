@@ -58,7 +58,12 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=1, help="samples per task, haystack and depth (default 1)")
     p.add_argument("--docs", type=int, default=4, help="long documents per length for the loss metrics (default 4; 0: none)")
     p.add_argument("--needle-arms", default="all", help=f"arms for the needle tasks (default all: {','.join(A.NEEDLE_ARMS)})")
-    p.add_argument("--loss-arms", default="all", help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)})")
+    p.add_argument("--loss-arms", default="all",
+                   help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)}); also splice:KIND@FIRST-LAST")
+    p.add_argument("--splice-layers", default="auto",
+                   help="upper-layer ranges FIRST-LAST,... of the per-layer splices splice:keys@FIRST-LAST, run beside "
+                        "splice:keys (default auto: the filled upper layers in two halves, 13-17,18-23 at split 12 of "
+                        "24; none: no per-layer splice)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
     p.add_argument("--engine", action="store_true",
@@ -226,7 +231,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"sgl-ridgefill eval: unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
     try:
         needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS)
-        loss_arms = A.parse_arms(args.loss_arms, A.LOSS_ARMS)
+        ranges = A.parse_splice_layers(args.splice_layers, split, config["num_hidden_layers"])
+        loss_arms = A.with_splice_ranges(A.parse_arms(args.loss_arms, A.LOSS_ARMS), ranges)
     except ValueError as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
     _check_lengths(args.lengths, args.tail, config, tasks)

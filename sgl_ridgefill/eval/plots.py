@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import ALL, arm_sort_key
+from .analysis import ALL
+from .arms import ARM_ORDER, arm_sort_key
 
 DEPTH_BINS = 10
 Row = Mapping[str, Any]
@@ -21,10 +22,12 @@ def find_row(rows: Sequence[Row], **match: Any) -> Row | None:
 
 
 def _color(arm: str) -> Any:
-    """The same colour for an arm in every plot and panel."""
+    """The same colour for an arm in every plot and panel (a layer-range splice: its own, by first layer)."""
     from matplotlib import colormaps
 
-    i = arm_sort_key(arm)[0]
+    i, first_layer, _ = arm_sort_key(arm)
+    if first_layer >= 0:
+        i = len(ARM_ORDER) + first_layer
     return colormaps["tab20"]((2 * i + i // 10) % 20)  # the ten strong colours first, then their light twins
 
 
@@ -177,7 +180,8 @@ def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
         ax.grid(alpha=0.3)
     left.set_ylabel("filled-region score (0-100)")
     left.set_ylim(-2, 105)
-    left.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: never over a point
+    if left.lines:
+        left.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: never over a point
     right.axhline(0, color="black", lw=0.8)
     right.set_ylabel("key-token loss, RidgeFill − identity (nat)")
     if right.lines:

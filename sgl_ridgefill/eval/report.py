@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import plots
-from .analysis import (ALL, EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
-                       arm_sort_key, latest_records)
+from .analysis import ALL, latest_records
+from .arms import (EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
+                   arm_sort_key)
 
 REPORT_NAME = "REPORT.md"
 FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
@@ -64,7 +65,14 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     parts += ["## Paired retrieval differences, filled region",
               "Difference of mean scores on the same samples (first arm minus second), 95% BCa interval from "
               "resampling within task; McNemar's exact test on full-score success (b01: only the second arm "
-              "succeeds, b10: only the first).", _retrieval_diff_table(summary["retrieval_diffs"])]
+              "succeeds, b10: only the first). The needle-row oracle: ridgefill+needle-rows runs the needle's own "
+              "tokens exactly, ridgefill+needle-random as many random prefix rows; far above ridgefill and "
+              "the random rows, it says the needle rows' own keys are the lever (selectors, row-weighted maps), "
+              "near them that the error is in the haystack's keys (better maps).",
+              _retrieval_diff_table(summary["retrieval_diffs"])]
+    if summary.get("exact_rows"):
+        parts += ["Exact prefix rows per filled-region request, as the server reported them (the two needle-row "
+                  "arms run the same number).", _exact_rows_table(summary["exact_rows"])]
 
     parts += ["## Loss", f"Per-document mean loss (nat) on the last T = {meta.get('tail')} tokens of each document: on key tokens "
               "(loss with the context cut to those T tokens exceeds exact by more than 2 nat; the cut arm is "
@@ -78,8 +86,10 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               "KL(exact || arm) from the top-k lists; the interval is on the per-document top-1 difference "
               "against identity (resampled like the loss differences).", _agreement_table(summary["agreement"])]
     parts += ["## Splice tests", "RidgeFill with exact keys, exact values, both, or only the exact key "
-              "magnitude on the filled rows; share of RidgeFill's excess loss over exact that the splice "
-              "removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached.",
+              "magnitude on the filled rows, in every upper layer or (`@FIRST-LAST`) in those upper layers only; "
+              "share of RidgeFill's excess loss over exact that the splice removes, "
+              "(L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached. The "
+              "per-layer splices say which layers hold the key error that exact keys remove.",
               _splice_table(summary["splice"]), _image(plots.plot_splice(summary["splice"], out_dir / SPLICE_PNG),
                                                        "Splice: share of loss removed")]
     parts += ["## What the numbers say", _conclusions(summary)]
@@ -178,6 +188,11 @@ def _retrieval_diff_table(rows: Sequence[Row]) -> str:
                     f"{r['b01']} / {r['b10']}") for r in rows])
 
 
+def _exact_rows_table(rows: Sequence[Row]) -> str:
+    return _table(("length", "arm", "requests", "mean", "min", "max"),
+                  [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"]) for r in rows])
+
+
 def _loss_table(rows: Sequence[Row]) -> str:
     by: dict[tuple, dict[str, Row]] = {}
     for r in rows:
@@ -217,9 +232,10 @@ def _scaled(x: float | None) -> float | None:
 
 def _splice_table(rows: Sequence[Row]) -> str:
     share = lambda x: "undefined (RidgeFill matches exact)" if x is None else f"{100 * x:.1f}%"
-    return _table(("length", "arm", "metric", "docs", "splice loss", "ridgefill loss", "exact loss", "share removed"),
-                  [(r["length"], r["arm"], r["metric"], r["n_docs"], _loss(r["loss"]), _loss(r["ridgefill"]),
-                    _loss(r["exact"]), share(r["share"])) for r in rows])
+    return _table(("length", "arm", "layers", "metric", "docs", "splice loss", "ridgefill loss", "exact loss",
+                   "share removed"),
+                  [(r["length"], r["arm"], r.get("layers", ALL), r["metric"], r["n_docs"], _loss(r["loss"]),
+                    _loss(r["ridgefill"]), _loss(r["exact"]), share(r["share"])) for r in rows])
 
 
 # ------------------------------------------------------------------------------------------- conclusions
@@ -317,8 +333,8 @@ _OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have ev
                   "number; RidgeFill minus identity on the same samples, 95% BCa interval. Key-token loss: "
                   "RidgeFill minus identity, in nat (below zero: RidgeFill loses less), 95% BCa interval over "
                   "documents. Splice: share of RidgeFill's excess key-token loss that exact keys on the filled "
-                  "rows remove. –: not run. The plot draws the same numbers against prompt length, one colour per "
-                  "model and split.")
+                  "rows remove in every upper layer (in brackets: in each layer range alone). –: not run. The "
+                  "plot draws the same numbers against prompt length, one colour per model and split.")
 
 
 def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
@@ -338,6 +354,8 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
             filled = {r["arm"]: r for r in summary.get("retrieval", [])
                       if r["length"] == length and r["task"] == ALL and r["region"] == "filled"}
             splice = plots.find_row(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
+            ranges = [(r["layers"], r["share"]) for r in summary.get("splice", []) if r["length"] == length
+                      and r["metric"] == "key" and r.get("kind") == "keys" and r.get("layers", ALL) != ALL]
             rows.append({
                 "model": str(meta.get("model", report_dir.name)), "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}",
                 "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
@@ -346,6 +364,7 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
                 "key_diff": plots.find_row(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL,
                                            vs=IDENTITY),
                 "splice_keys": None if splice is None else splice.get("share"),
+                "splice_key_ranges": ranges,
             })
     return rows
 
@@ -358,8 +377,17 @@ def _overview_table(rows: Sequence[Row]) -> str:
         *(_score(r["retrieval"].get(arm)) for arm in _OVERVIEW_ARMS),
         _NA if r["retrieval_diff"] is None else _ci(r["retrieval_diff"], "diff", _signed(".1f")),
         _NA if r["key_diff"] is None else _ci(r["key_diff"], "diff", _signed(".2f")),
-        _NA if r["splice_keys"] is None else f"{100 * r['splice_keys']:.0f} %",
+        _splice_cell(r),
     ) for r in rows])
+
+
+def _splice_cell(row: Row) -> str:
+    """The all-layer key splice's share, then each layer range's: ``86 % (13-17: 30 %, 18-23: 55 %)``."""
+    pct = lambda x: _NA if x is None else f"{100 * x:.0f} %"  # noqa: E731
+    ranges = ", ".join(f"{layers}: {pct(share)}" for layers, share in row.get("splice_key_ranges") or ())
+    if row["splice_keys"] is None and not ranges:
+        return _NA
+    return pct(row["splice_keys"]) + (f" ({ranges})" if ranges else "")
 
 
 def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:

@@ -287,7 +287,8 @@ def test_share_is_none_when_ridgefill_matches_exact():
 def test_missing_everything_gives_empty_tables():
     summary = summarize([], n_resamples=N_RESAMPLES)
     assert summary["meta"] is None and summary["check"] is None
-    assert all(summary[k] == [] for k in ("retrieval", "retrieval_diffs", "loss", "loss_diffs", "agreement", "splice"))
+    assert all(summary[k] == [] for k in ("retrieval", "retrieval_diffs", "exact_rows", "loss", "loss_diffs",
+                                          "agreement", "splice"))
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -348,3 +349,42 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
     (dirs[0] / "summary.json").unlink()
     text = render_results_md(dirs, tmp_path / "RESULTS.md", command="x").read_text()
     assert "## Overview" not in text and not (tmp_path / "results_overview.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
+
+
+def test_per_layer_splices_name_their_layers_and_sit_beside_the_all_layer_splice(tmp_path):
+    records = _document_records()
+    records += [{**r, "arm": "splice:keys@13-17"} for r in records if r.get("arm") == "splice:keys"]
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    rows = summary["splice"]
+    ranged = _row(rows, length=N, arm="splice:keys@13-17", metric="key")
+    assert (ranged["kind"], ranged["layers"], ranged["share"]) == ("keys", "13-17", pytest.approx(0.5))
+    assert _row(rows, length=N, arm="splice:keys", metric="key")["layers"] == "all"
+    assert [r["arm"] for r in rows if r["metric"] == "key"] == ["splice:keys", "splice:keys@13-17", "splice:values"]
+    text = write_report(summary, tmp_path / "run", title="t").read_text()
+    assert f"| {N} | splice:keys@13-17 | 13-17 | key | 2 |" in text
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    results = render_results_md([tmp_path / "run"], tmp_path / "RESULTS.md", command="x").read_text()
+    assert "| 50 % (13-17: 50 %) |" in results
+
+
+def test_needle_row_oracle_is_paired_against_ridgefill(tmp_path):
+    scores = {"exact": (100, 100, 100, 100), "ridgefill": (0, 100, 0, 100),
+              "ridgefill+needle-rows": (100, 100, 100, 0), "ridgefill+needle-random": (0, 100, 0, 0)}
+    records = [{**_needle(4096, "t1", f"f{i}", arm, "filled", s, 500 + 100 * i), "exact_rows": 20 + i}
+               for arm, values in scores.items() for i, s in enumerate(values) if arm != "exact"]
+    records += [_needle(4096, "t1", f"f{i}", "exact", "filled", 100, 500 + 100 * i) for i in range(4)]
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    rows = summary["retrieval_diffs"]
+    oracle = _row(rows, length=4096, arm="ridgefill+needle-rows", vs="ridgefill")
+    assert (oracle["n"], oracle["diff"], oracle["b01"], oracle["b10"]) == (4, 25.0, 1, 2)
+    assert _row(rows, length=4096, arm="ridgefill+needle-random", vs="ridgefill")["diff"] == -25.0
+    assert _row(rows, length=4096, arm="ridgefill+needle-rows", vs="ridgefill+needle-random")["diff"] == 50.0
+    assert _row(rows, length=4096, arm="ridgefill+needle-rows", vs="exact")["diff"] == -25.0
+    # The rows the server ran, per arm (the exact arm reports none).
+    assert [(r["arm"], r["n"], r["mean"], r["min"], r["max"]) for r in summary["exact_rows"]] == [
+        (arm, 4, 21.5, 20, 23) for arm in ("ridgefill", "ridgefill+needle-rows", "ridgefill+needle-random")]
+    text = write_report(summary, tmp_path, title="t").read_text()
+    assert "| 4096 | ridgefill+needle-rows | 4 | 21.5 | 20 | 23 |" in text
