@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import ALL
 from .arms import ARM_ORDER, arm_sort_key
+from .retrieval import ALL
 
 DEPTH_BINS = 10
 Row = Mapping[str, Any]
@@ -70,7 +70,7 @@ def _grouped_bars(ax, rows: Sequence[Row], key: str) -> None:
 
 
 def plot_retrieval(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    rows = [r for r in rows if r["task"] == ALL and r.get("mean") is not None]
+    rows = [r for r in rows if r["task"] == ALL and r.get("haystack", ALL) == ALL and r.get("mean") is not None]
     if not rows:
         return None
     fig, (ax,) = _figure(1, width=8)

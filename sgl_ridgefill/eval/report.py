@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import plots
-from .analysis import ALL, latest_records
+from .analysis import latest_records
 from .arms import (EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
                    arm_sort_key)
+from .retrieval import ALL, haystacks, pooled
 
 REPORT_NAME = "REPORT.md"
 FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
@@ -44,17 +45,16 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     tail = [r for r in summary["retrieval"] if r["region"] == "tail"]
     parts += ["## Needle retrieval, filled region",
               "Mean score (0-100) of the samples whose needle lies in RidgeFill's filled prefix (for "
-              "nofill+longtail, part of it lies in that arm's longer exact tail), pooled over tasks; "
+              "nofill+longtail, part of it lies in that arm's longer exact tail), pooled over tasks and haystacks; "
               "95% BCa bootstrap interval in brackets, number of samples in parentheses."]
-    parts += [_by_length_table([r for r in filled if r["task"] == ALL], "mean", _score),
-              _image(plots.plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
-    if any(r["task"] != ALL for r in filled):
-        parts += ["Per task (filled region):", _by_length_table([r for r in filled if r["task"] != ALL], "mean",
-                                                                  _score, task_column=True)]
+    parts += [_by_length_table(_overall(filled), "mean", _score),
+              _image(plots.plot_retrieval(_overall(filled), out_dir / FILLED_PNG), "Filled-region retrieval")]
+    parts += _breakdowns(filled, "filled region")
     parts += ["## Needle retrieval, tail region", "Samples whose needle lies in the tail, which every arm "
               "computes with the full model; under the fill arms the tail attends to the filled prefix, so a drop "
               "here is the fill's indirect harm (nofill's tail sees no prefix at all).",
-              _by_length_table([r for r in tail if r["task"] == ALL], "mean", _score)]
+              _by_length_table(_overall(tail), "mean", _score)]
+    parts += _breakdowns(tail, "tail region", tasks=False)
     if records is not None:
         needles = [r for r in latest_records(records) if r["kind"] == "needle"]
         depth = plots.plot_depth(needles, meta, out_dir / DEPTH_PNG)
@@ -65,7 +65,7 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     parts += ["## Paired retrieval differences, filled region",
               "Difference of mean scores on the same samples (first arm minus second), 95% BCa interval from "
               "resampling within task; McNemar's exact test on full-score success (b01: only the second arm "
-              "succeeds, b10: only the first). The needle-row oracle: ridgefill+needle-rows runs the needle's own "
+              "succeeds, b10: only the first); over every haystack (all), then per haystack. The needle-row oracle: ridgefill+needle-rows runs the needle's own "
               "tokens exactly, ridgefill+needle-random as many random prefix rows; far above ridgefill and "
               "the random rows, it says the needle rows' own keys are the lever (selectors, row-weighted maps), "
               "near them that the error is in the haystack's keys (better maps).",
@@ -169,23 +169,41 @@ def _setup_table(meta: Row) -> str:
 # -------------------------------------------------------------------------------------------------- tables
 
 
-def _by_length_table(rows: Sequence[Row], key: str, fmt, *, task_column: bool = False) -> str:
-    """One line per (task,) arm, one column per length: ``estimate [low, high] (n)``."""
+def _overall(rows: Sequence[Row]) -> list[Row]:
+    """Retrieval rows pooled over tasks and haystacks."""
+    return [r for r in pooled(rows) if r["task"] == ALL]
+
+
+def _breakdowns(rows: Sequence[Row], region: str, *, tasks: bool = True) -> list[str]:
+    """The per-task and per-haystack tables of one region's retrieval rows (each where the run has them)."""
+    parts = []
+    per_task = [r for r in pooled(rows) if r["task"] != ALL]
+    if tasks and per_task:
+        parts += [f"Per task ({region}):", _by_length_table(per_task, "mean", _score, group="task")]
+    per_haystack = [r for r in rows if r["task"] == ALL and r.get("haystack", ALL) != ALL]
+    if per_haystack:
+        parts += [f"Per haystack ({region}; noise: RULER's repeated sentences, text: real prose):",
+                  _by_length_table(per_haystack, "mean", _score, group="haystack")]
+    return parts
+
+
+def _by_length_table(rows: Sequence[Row], key: str, fmt, *, group: str | None = None) -> str:
+    """One line per (``group``,) arm, one column per length: ``estimate [low, high] (n)``."""
     lengths = sorted({r["length"] for r in rows})
     cells: dict[tuple, dict[int, str]] = {}
     for r in rows:
-        line = (r["task"], r["arm"]) if task_column else (r["arm"],)
+        line = (r[group], r["arm"]) if group else (r["arm"],)
         cells.setdefault(line, {})[r["length"]] = f"{_ci(r, key, fmt)} ({r['n']})"
     order = sorted(cells, key=lambda line: (*line[:-1], arm_sort_key(line[-1])))
-    header = (("task",) if task_column else ()) + ("arm",) + tuple(str(n) for n in lengths)
+    header = ((group,) if group else ()) + ("arm",) + tuple(str(n) for n in lengths)
     return _table(header, [(*line, *(cells[line].get(n, _NA) for n in lengths)) for line in order])
 
 
 def _retrieval_diff_table(rows: Sequence[Row]) -> str:
     p = lambda x: _NA if x is None else f"{x:.3g}"
-    return _table(("length", "arm", "vs", "n", "difference", "McNemar p", "b01 / b10"),
-                  [(r["length"], r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".1f")), p(r["mcnemar_p"]),
-                    f"{r['b01']} / {r['b10']}") for r in rows])
+    return _table(("length", "haystack", "arm", "vs", "n", "difference", "McNemar p", "b01 / b10"),
+                  [(r["length"], r.get("haystack", ALL), r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".1f")),
+                    p(r["mcnemar_p"]), f"{r['b01']} / {r['b10']}") for r in rows])
 
 
 def _exact_rows_table(rows: Sequence[Row]) -> str:
@@ -274,7 +292,10 @@ RETRIEVAL_TARGETS = (
 
 
 def _conclusions(summary: Mapping[str, Any]) -> str:
-    diffs, loss_diffs = summary["retrieval_diffs"], summary["loss_diffs"]
+    """Per length: the retrieval statements and targets over every haystack, each target followed by its
+    reading per haystack, then the key-token loss target."""
+    every, loss_diffs = summary["retrieval_diffs"], summary["loss_diffs"]
+    diffs, names = pooled(every), haystacks(every)
     lengths = sorted({r["length"] for r in diffs if r["length"] != ALL} | {r["length"] for r in loss_diffs})
     if len({r["length"] for r in diffs if r["length"] != ALL}) > 1:
         lengths.append(ALL)
@@ -293,6 +314,10 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
                 "not measured." if r is None else f"{_ci(r, 'diff', pts)} points over {r['n']} samples."))
         for label, arm, vs, op, threshold in RETRIEVAL_TARGETS:
             lines.append(_target(label, plots.find_row(diffs, length=length, arm=arm, vs=vs), "diff", op, threshold, pts))
+            for name in names:
+                row = plots.find_row(every, length=length, haystack=name, arm=arm, vs=vs)
+                if row is not None:
+                    lines.append("  " + _target(f"{name} haystack", row, "diff", op, threshold, pts))
         if length != ALL:
             key = plots.find_row(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
             lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))
@@ -351,7 +376,7 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
         lengths = sorted({r["length"] for key in ("retrieval", "loss_diffs") for r in summary.get(key, [])
                           if isinstance(r["length"], int)})
         for length in lengths:
-            filled = {r["arm"]: r for r in summary.get("retrieval", [])
+            filled = {r["arm"]: r for r in pooled(summary.get("retrieval", []))
                       if r["length"] == length and r["task"] == ALL and r["region"] == "filled"}
             splice = plots.find_row(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
             ranges = [(r["layers"], r["share"]) for r in summary.get("splice", []) if r["length"] == length
@@ -360,7 +385,8 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
                 "model": str(meta.get("model", report_dir.name)), "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}",
                 "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
                 "retrieval": {arm: r["mean"] for arm, r in filled.items()},
-                "retrieval_diff": plots.find_row(summary.get("retrieval_diffs", []), length=length, arm=RIDGEFILL, vs=IDENTITY),
+                "retrieval_diff": plots.find_row(pooled(summary.get("retrieval_diffs", [])), length=length,
+                                                 arm=RIDGEFILL, vs=IDENTITY),
                 "key_diff": plots.find_row(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL,
                                            vs=IDENTITY),
                 "splice_keys": None if splice is None else splice.get("share"),
