@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .answers import near_miss_examples, near_miss_rows
 from .arms import CUT, EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, arm_sort_key, is_splice, splice_parts
 from .metrics import TokenScores, key_token_mask, kl_topk, mean_loss, new_token_mask, top1_agreement
 from .retrieval import ALL, exact_rows, retrieval_diffs, retrieval_rows, sample_scores
@@ -103,6 +104,8 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
         "retrieval_diffs": retrieval_diffs(needles, n_resamples),
         "exact_rows": exact_rows(needles),
         "samples": sample_scores(needles),
+        "near_misses": near_miss_rows(needles, n_resamples),
+        "near_miss_examples": near_miss_examples(needles),
         "loss": _loss(documents, n_resamples),
         "loss_diffs": _loss_diffs(documents, n_resamples),
         "agreement": _agreement(documents, n_resamples),

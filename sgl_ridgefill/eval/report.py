@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import plots
+from . import answers, plots
 from .analysis import latest_records
 from .arms import (EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
                    arm_sort_key)
@@ -73,6 +73,15 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     if summary.get("exact_rows"):
         parts += ["Exact prefix rows per filled-region request, as the server reported them (the two needle-row "
                   "arms run the same number).", _exact_rows_table(summary["exact_rows"])]
+    if summary.get("near_misses"):
+        parts += ["## Wrong answers to numeric needles",
+                  "Filled-region samples of the 7-digit needles, wrong answers read as near misses (at least "
+                  f"{answers.NEAR_DIGITS} of the 7 digits of an expected value in order: the needle was found and "
+                  "its digits copied wrongly, an error in the needle rows' own keys and values) or misses (no "
+                  "number or an unrelated one: the needle was not found among the haystack's keys). Share: near "
+                  "misses among wrong answers, 95% BCa interval.",
+                  _near_miss_table(summary["near_misses"]), "A few wrong answers per arm, near misses first:",
+                  _near_miss_examples_table(summary.get("near_miss_examples") or [])]
 
     parts += ["## Loss", f"Per-document mean loss (nat) on the last T = {meta.get('tail')} tokens of each document: on key tokens "
               "(loss with the context cut to those T tokens exceeds exact by more than 2 nat; the cut arm is "
@@ -211,6 +220,18 @@ def _exact_rows_table(rows: Sequence[Row]) -> str:
                   [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"]) for r in rows])
 
 
+def _near_miss_table(rows: Sequence[Row]) -> str:
+    share = lambda r: "no wrong answer" if r["share"] is None else _ci(r, "share", lambda x: f"{x:.0f} %")  # noqa: E731
+    return _table(("length", "haystack", "arm", "samples", "wrong", "near misses", "share of near misses"),
+                  [(r["length"], r["haystack"], r["arm"], r["n"], r["wrong"], r["near"], share(r)) for r in rows])
+
+
+def _near_miss_examples_table(rows: Sequence[Row]) -> str:
+    return _table(("arm", "sample", "expected", "answer", "reading"),
+                  [(r["arm"], r["sample"], r["expected"], f"`{r['output']}`" if r["output"] else "(empty)",
+                    r["reading"]) for r in rows])
+
+
 def _loss_table(rows: Sequence[Row]) -> str:
     by: dict[tuple, dict[str, Row]] = {}
     for r in rows:
@@ -318,6 +339,10 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
                 row = plots.find_row(every, length=length, haystack=name, arm=arm, vs=vs)
                 if row is not None:
                     lines.append("  " + _target(f"{name} haystack", row, "diff", op, threshold, pts))
+        near = plots.find_row(summary.get("near_misses") or [], length=length, haystack=ALL, arm=RIDGEFILL)
+        if near is not None and near["wrong"]:
+            lines.append(f"- RidgeFill's wrong filled-region answers to numeric needles: {near['near']} of "
+                         f"{near['wrong']} are near misses (the digits copied wrongly, not the needle missed).")
         if length != ALL:
             key = plots.find_row(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
             lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))
