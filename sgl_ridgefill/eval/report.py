@@ -161,11 +161,11 @@ def _check_text(check: Row | None) -> str:
 def _setup_table(meta: Row) -> str:
     if not meta:
         return "_No meta record in this run._"
-    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "rows_policy", "rows_fraction",
-              "longtail_tail", "started", "server", "command")
+    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
+              "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server", "command")
     rows = []
     for name in fields:
-        if name in meta:
+        if meta.get(name) is not None:
             value = meta[name]
             if isinstance(value, (list, tuple)):
                 value = ", ".join(map(str, value))
