@@ -336,7 +336,9 @@ def _write(args: argparse.Namespace, records: list[dict]) -> int:
     summary = summarize(records, n_resamples=args.n_resamples)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     meta = summary.get("meta") or {}
-    title = f"{pathlib.Path(str(meta.get('model', 'model'))).name}, split {meta.get('split')}/{meta.get('num_layers', '?')}, tail {meta.get('tail')}"
+    kind = f", {meta['map_kind']} maps" if meta.get("map_kind") else ""
+    title = (f"{pathlib.Path(str(meta.get('model', 'model'))).name}{kind}, split {meta.get('split')}/"
+             f"{meta.get('num_layers', '?')}, tail {meta.get('tail')}")
     path = write_report(summary, args.out, title=title, records=records)
     print(f"report: {path}")
     check = summary.get("check") or {}

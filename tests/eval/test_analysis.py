@@ -10,7 +10,8 @@ from scipy import stats
 
 from sgl_ridgefill.eval.analysis import latest_records, load_records, summarize
 from sgl_ridgefill.eval.metrics import TokenScores
-from sgl_ridgefill.eval.report import render_results_md, write_report
+from sgl_ridgefill.eval.report import write_report
+from sgl_ridgefill.eval.results_md import render_results_md
 from sgl_ridgefill.eval.stats import stratified_paired_bootstrap
 
 N_RESAMPLES = 500
@@ -344,7 +345,8 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
     overview = text[text.index("## Overview"):text.index("\n## model")]
     rows = [line for line in overview.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 3  # lengths 64 (documents), 4096 and 8192 (needles)
-    by_length = {row.split(" | ")[2]: row for row in rows}
+    by_length = {row.split(" | ")[3]: row for row in rows}  # model, map kind, split, tokens
+    assert all(row.startswith("| tiny | residual | 12/? |") for row in rows)  # a run written before map kinds
     # exact, ridgefill, identity, nofill (not run), ridgefill+rows, ridgefill+random; then RidgeFill - identity
     assert "| 8 | 100.0 | 75.0 | 25.0 | – | 100.0 | 50.0 | +50.0 [" in by_length["4096"]  # 4 samples x 2 tasks
     assert by_length["64"].endswith("| – | -2.00 [-2.00, -2.00] | 50 % |")
