@@ -63,7 +63,7 @@ def _tradeoff_section(comparison: Sequence[tradeoff.PlannedRun], folder: pathlib
     if any(r.get("by_haystack") for r in rows):
         parts += ["Per haystack (filled region; noise: RULER's repeated sentences, text: real prose):",
                   tradeoff.haystack_table(rows)]
-    return parts
+    return [part for part in parts if part]
 
 
 _OVERVIEW_ARMS = (EXACT, RIDGEFILL, IDENTITY, NOFILL, RIDGEFILL_ROWS, RIDGEFILL_RANDOM)
