@@ -19,30 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from .answers import near_miss_examples, near_miss_rows
+from .arms import CUT, EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, arm_sort_key, is_splice, splice_parts
 from .metrics import TokenScores, key_token_mask, kl_topk, mean_loss, new_token_mask, top1_agreement
-from .stats import bootstrap_mean, mcnemar, stratified_paired_bootstrap
+from .retrieval import ALL, exact_rows, retrieval_diffs, retrieval_rows, sample_scores
+from .stats import bootstrap_mean, interval_fields, json_number, stratified_paired_bootstrap
 
-EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
-IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM = "identity+rows", "ridgefill+rows", "ridgefill+random"
-NOFILL_LONGTAIL, CUT = "nofill+longtail", "cut"
-SPLICE_ARMS = ("splice:keys", "splice:values", "splice:both", "splice:key_norm")
-ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM,
-             NOFILL_LONGTAIL, *SPLICE_ARMS, CUT)
-
-# (arm, vs) pairs compared on filled-region retrieval.
-RETRIEVAL_PAIRS = (
-    (RIDGEFILL, IDENTITY),
-    (RIDGEFILL, EXACT),
-    (RIDGEFILL_ROWS, EXACT),
-    (RIDGEFILL_ROWS, RIDGEFILL_RANDOM),
-    (RIDGEFILL, NOFILL_LONGTAIL),
-    (IDENTITY_ROWS, IDENTITY),
-)
-REGIONS = ("filled", "tail")
 LOSS_METRICS = ("key", "new", "all")
 SPLICE_METRICS = ("key", "new")
-ALL = "all"
-SUCCESS = 100.0  # a needle sample succeeds when its score is full marks
 _ZERO_LOSS_GAP = 1e-6  # nat; below this RidgeFill and exact are indistinguishable and a share is undefined
 
 
@@ -92,23 +76,18 @@ def _identity(record: Mapping[str, Any]) -> tuple | None:
     return None
 
 
-def arm_sort_key(arm: str) -> tuple[int, str]:
-    """Display order: ``ARM_ORDER`` first, unknown arms after it alphabetically."""
-    return (ARM_ORDER.index(arm), "") if arm in ARM_ORDER else (len(ARM_ORDER), arm)
-
-
 def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) -> dict[str, Any]:
     """All tables of one run, as a JSON-serialisable dict of lists of flat rows:
 
-    ``meta``, ``check``: the last such record (or None). ``retrieval``: {length, task ("all" pools tasks),
-    arm, region, n, mean, low, high}. ``retrieval_diffs``: filled region, per length and pooled ("all"):
-    {length, arm, vs, n, diff, low, high, mcnemar_p, b01, b10}. ``loss``: {length, arm, metric ("key",
-    "new", "all"), n_docs, n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over
-    per-document mean losses. ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents
-    resampled within their corpus source (pooled when a source has one document). ``agreement``:
-    {length, arm, n_docs, n_tokens, top1, top1_doc_mean, kl_mean, kl_median, vs_identity_n,
-    vs_identity_diff, vs_identity_low, vs_identity_high}. ``splice``: {length, arm, metric, n_docs, loss,
-    ridgefill, exact, share}. Intervals are 95% BCa with ``n_resamples`` resamples.
+    ``meta``, ``check``: the last such record (or None). ``retrieval``, ``retrieval_diffs``, ``exact_rows``,
+    ``samples``: the needle tables of :mod:`.retrieval` (pooled and per haystack). ``near_misses``,
+    ``near_miss_examples``: :mod:`.answers`. ``loss``: {length, arm, metric ("key", "new", "all"), n_docs,
+    n_tokens, docs_without_tokens, docs_unmeasured, mean, median, low, high} over per-document mean losses.
+    ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents resampled within their corpus
+    source (pooled when a source has one document). ``agreement``: {length, arm, n_docs, n_tokens, top1,
+    top1_doc_mean, kl_mean, kl_median, vs_identity_n, vs_identity_diff, vs_identity_low, vs_identity_high}.
+    ``splice``: {length, arm, kind, layers, metric, n_docs, loss, ridgefill, exact, share}. Intervals are 95%
+    BCa with ``n_resamples`` resamples.
     """
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
@@ -121,62 +100,17 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
     return {
         "meta": dict(by_kind["meta"][-1]) if by_kind["meta"] else None,
         "check": dict(by_kind["check"][-1]) if by_kind["check"] else None,
-        "retrieval": _retrieval(needles, n_resamples),
-        "retrieval_diffs": _retrieval_diffs(needles, n_resamples),
+        "retrieval": retrieval_rows(needles, n_resamples),
+        "retrieval_diffs": retrieval_diffs(needles, n_resamples),
+        "exact_rows": exact_rows(needles),
+        "samples": sample_scores(needles),
+        "near_misses": near_miss_rows(needles, n_resamples),
+        "near_miss_examples": near_miss_examples(needles),
         "loss": _loss(documents, n_resamples),
         "loss_diffs": _loss_diffs(documents, n_resamples),
         "agreement": _agreement(documents, n_resamples),
         "splice": _splice(documents),
     }
-
-
-# ---------------------------------------------------------------------------------------------- retrieval
-
-
-def _retrieval(needles: Sequence[Mapping[str, Any]], n_resamples: int) -> list[dict[str, Any]]:
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for r in needles:
-        if r["region"] in REGIONS:
-            for task in (ALL, r["task"]):
-                groups[(r["length"], task, r["arm"], r["region"])].append(float(r["score"]))
-    rows = []
-    for (length, task, arm, region), scores in sorted(groups.items(), key=lambda kv: _group_order(kv[0])):
-        interval = bootstrap_mean(np.asarray(scores), n_resamples=n_resamples)
-        rows.append({"length": length, "task": task, "arm": arm, "region": region, "n": len(scores),
-                     **_interval(interval, "mean")})
-    return rows
-
-
-def _group_order(key: tuple) -> tuple:
-    length, task, arm, region = key
-    return (length, task != ALL, task, arm_sort_key(arm), REGIONS.index(region))
-
-
-def _retrieval_diffs(needles: Sequence[Mapping[str, Any]], n_resamples: int) -> list[dict[str, Any]]:
-    """Pairs on the sample: the samples whose needle the first arm's record puts in the filled region,
-    against the same samples in the second arm whatever region its own record names (``nofill+longtail``
-    runs a longer tail, so part of RidgeFill's filled region is in its tail)."""
-    filled: dict[str, dict[tuple, float]] = defaultdict(dict)
-    scored: dict[str, dict[tuple, float]] = defaultdict(dict)
-    for r in needles:
-        key = (r["length"], r["task"], r["sample"])
-        scored[r["arm"]][key] = float(r["score"])
-        if r["region"] == "filled":
-            filled[r["arm"]][key] = float(r["score"])
-    lengths = sorted({r["length"] for r in needles})
-    rows = []
-    for length in [*lengths, ALL]:
-        for arm, vs in RETRIEVAL_PAIRS:
-            keys = [k for k in filled[arm] if k in scored[vs] and length in (ALL, k[0])]
-            if not keys:
-                continue
-            a = np.array([filled[arm][k] for k in keys])
-            b = np.array([scored[vs][k] for k in keys])
-            interval = stratified_paired_bootstrap(a, b, [k[1] for k in keys], n_resamples=n_resamples)
-            test = mcnemar(a >= SUCCESS, b >= SUCCESS)
-            rows.append({"length": length, "arm": arm, "vs": vs, "n": len(keys), **_interval(interval, "diff"),
-                         "mcnemar_p": _num(test["p_value"]), "b01": int(test["b01"]), "b10": int(test["b10"])})
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------- documents
@@ -265,10 +199,10 @@ def _loss(documents: Sequence[Document], n_resamples: int) -> list[dict[str, Any
                     "length": length, "arm": arm, "metric": metric, "n_docs": len(used),
                     "n_tokens": int(sum(d.mask(metric).sum() for d in used)),
                     "docs_without_tokens": len(measured) - len(used), "docs_unmeasured": len(have) - len(measured),
-                    "median": _num(np.median(values)) if len(values) else None,
+                    "median": json_number(np.median(values)) if len(values) else None,
                 }
                 if len(values):
-                    row.update(_interval(bootstrap_mean(values, n_resamples=n_resamples), "mean"))
+                    row.update(interval_fields(bootstrap_mean(values, n_resamples=n_resamples), "mean"))
                 else:
                     row.update({"mean": None, "low": None, "high": None})
                 rows.append(row)
@@ -293,7 +227,7 @@ def _loss_diffs(documents: Sequence[Document], n_resamples: int) -> list[dict[st
                 if len(a):
                     interval = stratified_paired_bootstrap(a, b, strata, n_resamples=n_resamples)
                     rows.append({"length": length, "metric": metric, "arm": arm, "vs": vs, "n": len(a),
-                                 **_interval(interval, "diff")})
+                                 **interval_fields(interval, "diff")})
     return rows
 
 
@@ -337,10 +271,10 @@ def _agreement(documents: Sequence[Document], n_resamples: int) -> list[dict[str
             per_doc[arm] = doc_top1
             tokens, kls = np.concatenate(top1), np.concatenate(kl)
             rows.append({"length": length, "arm": arm, "n_docs": len(top1), "n_tokens": len(tokens),
-                         "top1": _num(tokens.mean()) if len(tokens) else None,
-                         "top1_doc_mean": _num(np.nanmean(list(doc_top1.values()))),
-                         "kl_mean": _num(np.nanmean(kls)) if np.isfinite(kls).any() else None,
-                         "kl_median": _num(np.nanmedian(kls)) if np.isfinite(kls).any() else None})
+                         "top1": json_number(tokens.mean()) if len(tokens) else None,
+                         "top1_doc_mean": json_number(np.nanmean(list(doc_top1.values()))),
+                         "kl_mean": json_number(np.nanmean(kls)) if np.isfinite(kls).any() else None,
+                         "kl_median": json_number(np.nanmedian(kls)) if np.isfinite(kls).any() else None})
         for row in rows:
             if row["length"] == length:
                 row.update(_vs_identity(per_doc, row["arm"], n_resamples, {d.doc: d.source for d in docs}))
@@ -358,42 +292,35 @@ def _vs_identity(per_doc: Mapping[str, Mapping[str, float]], arm: str, n_resampl
     a = np.array([per_doc[arm][doc] for doc in shared])
     b = np.array([per_doc[IDENTITY][doc] for doc in shared])
     interval = stratified_paired_bootstrap(a, b, [sources[doc] for doc in shared], n_resamples=n_resamples)
-    return {"vs_identity_n": len(shared), "vs_identity_diff": _num(interval.estimate),
-            "vs_identity_low": _num(interval.low), "vs_identity_high": _num(interval.high)}
+    return {"vs_identity_n": len(shared), "vs_identity_diff": json_number(interval.estimate),
+            "vs_identity_low": json_number(interval.low), "vs_identity_high": json_number(interval.high)}
 
 
 # -------------------------------------------------------------------------------------------------- splice
 
 
 def _splice(documents: Sequence[Document]) -> list[dict[str, Any]]:
-    """For each splice arm: its loss, RidgeFill's and exact's over the documents all three reached, and the
-    share of RidgeFill's excess loss the splice removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact)."""
+    """For each splice arm (every upper layer, or a layer range): its loss, RidgeFill's and exact's over the
+    documents all three reached, and the share of RidgeFill's excess loss the splice removes,
+    (L_ridgefill - L_splice) / (L_ridgefill - L_exact). ``kind`` is the splice (keys, values, ...), ``layers``
+    ``"all"`` or ``"FIRST-LAST"``."""
     rows = []
     for length, arms in _arms_by_length(documents).items():
         docs = [d for d in documents if d.length == length]
-        for arm in (a for a in arms if a in SPLICE_ARMS):
+        for arm in (a for a in arms if is_splice(a) and splice_parts(a) is not None):
+            kind, layers = splice_parts(arm)
             for metric in SPLICE_METRICS:
                 splice, ridgefill, exact = _paired(docs, metric, arm, RIDGEFILL, EXACT)
                 if not len(splice):
                     continue
                 l_s, l_rf, l_ex = float(splice.mean()), float(ridgefill.mean()), float(exact.mean())
                 gap = l_rf - l_ex
-                rows.append({"length": length, "arm": arm, "metric": metric, "n_docs": len(splice),
+                rows.append({"length": length, "arm": arm, "kind": kind, "layers": _layers_text(layers),
+                             "metric": metric, "n_docs": len(splice),
                              "loss": l_s, "ridgefill": l_rf, "exact": l_ex,
                              "share": None if abs(gap) < _ZERO_LOSS_GAP else (l_rf - l_s) / gap})
     return rows
 
 
-# ------------------------------------------------------------------------------------------------- helpers
-
-
-def _interval(interval: Any, name: str) -> dict[str, Any]:
-    return {name: _num(interval.estimate), "low": _num(interval.low), "high": _num(interval.high)}
-
-
-def _num(x: Any) -> float | None:
-    """A JSON-safe float: ``None`` for missing, NaN or infinite values."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+def _layers_text(layers: tuple[int, int] | None) -> str:
+    return ALL if layers is None else f"{layers[0]}-{layers[1]}"

@@ -27,8 +27,7 @@ import time
 
 from ..settings import cli_flags, engine_keywords
 from . import arms as A
-
-DEFAULT_TASKS = "niah_single"
+from . import sizing
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -50,15 +49,25 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder (sgl-ridgefill calibrate)")
     p.add_argument("--split", type=int, default=None, help="split layer (default: the maps' default split)")
     p.add_argument("--tail", type=int, default=1024, help="tail T in tokens (default 1024)")
-    p.add_argument("--lengths", type=_ints, default=(4096,), help="prompt lengths in tokens (default 4096)")
+    p.add_argument("--lengths", type=_ints, default=None, help="prompt lengths in tokens (default 4096)")
     p.add_argument("--out", type=pathlib.Path, required=True, help="results folder (resumable)")
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"needle tasks, comma-separated, or 'all' (default {DEFAULT_TASKS})")
-    p.add_argument("--haystacks", default="noise,text", help="noise, text (registry-package prose) or a folder (default noise,text)")
-    p.add_argument("--depths", type=int, default=5, help="needle depths spread over the filled prefix, plus 4 around and in the tail (default 5)")
-    p.add_argument("--seeds", type=int, default=1, help="samples per task, haystack and depth (default 1)")
+    p.add_argument("--preset", choices=tuple(sizing.PRESETS), default=None,
+                   help="needle-grid settings by name; flags given explicitly win. " + sizing.preset_help())
+    p.add_argument("--tasks", default=None,
+                   help=f"needle tasks, comma-separated, or 'all' (default {sizing.DEFAULTS['tasks']})")
+    p.add_argument("--haystacks", default=None,
+                   help="noise, text (registry-package prose) or a folder, comma-separated (default noise,text)")
+    p.add_argument("--depths", type=int, default=None,
+                   help="needle depths spread over the filled prefix, plus 4 around and in the tail (default 5)")
+    p.add_argument("--seeds", type=int, default=None, help="samples per task, haystack and depth (default 1)")
     p.add_argument("--docs", type=int, default=4, help="long documents per length for the loss metrics (default 4; 0: none)")
     p.add_argument("--needle-arms", default="all", help=f"arms for the needle tasks (default all: {','.join(A.NEEDLE_ARMS)})")
-    p.add_argument("--loss-arms", default="all", help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)})")
+    p.add_argument("--loss-arms", default="all",
+                   help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)}); also splice:KIND@FIRST-LAST")
+    p.add_argument("--splice-layers", default="auto",
+                   help="upper-layer ranges FIRST-LAST,... of the per-layer splices splice:keys@FIRST-LAST, run beside "
+                        "splice:keys (default auto: the filled upper layers in two halves, 13-17,18-23 at split 12 of "
+                        "24; none: no per-layer splice)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
     p.add_argument("--engine", action="store_true",
@@ -181,7 +190,29 @@ def _check_lengths(lengths: tuple[int, ...], tail: int, config: dict, tasks: tup
                          f"the needle answers need up to {answer} more; use lengths up to {context - answer}")
 
 
-_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction")
+_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "map_kind", "depths")
+# Settings a results.jsonl written before they were recorded ran with.
+_SETTINGS_BEFORE = {"map_kind": "residual"}
+
+
+def map_kind(maps_dir: pathlib.Path) -> str:
+    """The kind of map a maps folder holds (its manifest's ``map_kind``; folders written before map kinds
+    hold ``residual`` maps)."""
+    manifest = json.loads((pathlib.Path(maps_dir) / "manifest.json").read_text())
+    return str(manifest.get("map_kind") or "residual")
+
+
+def changed_settings(meta: dict, settings: dict) -> list[str]:
+    """``name: old -> new`` for each resume-relevant setting of ``settings`` that a run's meta record holds
+    otherwise (a setting the record lacks counts as its value before it was recorded, if any)."""
+    changed = []
+    for k in _SETTINGS:
+        if k not in meta and k not in _SETTINGS_BEFORE:
+            continue  # not recorded by the run that wrote the file: nothing to compare
+        old = meta.get(k, _SETTINGS_BEFORE.get(k))
+        if old != settings[k]:
+            changed.append(f"{k}: {old!r} -> {settings[k]!r}")
+    return changed
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -206,6 +237,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.engine and (args.url or args.stock_url):
         raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
+    preset = sizing.apply_preset(args)
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     if args.report_only:
@@ -226,7 +258,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"sgl-ridgefill eval: unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
     try:
         needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS)
-        loss_arms = A.parse_arms(args.loss_arms, A.LOSS_ARMS)
+        ranges = A.parse_splice_layers(args.splice_layers, split, config["num_hidden_layers"])
+        loss_arms = A.with_splice_ranges(A.parse_arms(args.loss_arms, A.LOSS_ARMS), ranges)
     except ValueError as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
     _check_lengths(args.lengths, args.tail, config, tasks)
@@ -244,18 +277,27 @@ def _run(args: argparse.Namespace) -> int:
     samples = make_samples(tokenizer, tasks, args.lengths, args.tail, haystacks=haystacks, seeds=tuple(range(args.seeds)),
                            n_filled=args.depths, exclude_ids=exclude)
     docs = {n: long_documents(tokenizer, n, args.docs, exclude=exclude) for n in args.lengths} if args.docs else {}
+    print(sizing.plan_text(samples, needle_arms, docs, loss_arms), flush=True)
+    warning = sizing.too_few_filled(preset, samples)
+    if warning:
+        print(warning, flush=True)
 
     store = ResultStore(results)
+    kind = map_kind(args.maps)
     settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
-                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100}
+                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100, "map_kind": kind,
+                "depths": args.depths}
     if store.meta is not None:
-        changed = [f"{k}: {store.meta.get(k)!r} -> {settings[k]!r}" for k in _SETTINGS if store.meta.get(k) != settings[k]]
+        # The depth grid names samples by index: another --depths would pair old ids with new positions.
+        changed = changed_settings(store.meta, settings)
         if changed:
             raise SystemExit(f"sgl-ridgefill eval: {results} holds a run with other settings ({'; '.join(changed)}); "
                              "use another --out")
     else:
         store.add({"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
                    "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
+                   "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
+                   "depths": args.depths, "seeds": args.seeds,
                    "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
                    "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
@@ -294,7 +336,9 @@ def _write(args: argparse.Namespace, records: list[dict]) -> int:
     summary = summarize(records, n_resamples=args.n_resamples)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     meta = summary.get("meta") or {}
-    title = f"{pathlib.Path(str(meta.get('model', 'model'))).name}, split {meta.get('split')}/{meta.get('num_layers', '?')}, tail {meta.get('tail')}"
+    kind = f", {meta['map_kind']} maps" if meta.get("map_kind") else ""
+    title = (f"{pathlib.Path(str(meta.get('model', 'model'))).name}{kind}, split {meta.get('split')}/"
+             f"{meta.get('num_layers', '?')}, tail {meta.get('tail')}")
     path = write_report(summary, args.out, title=title, records=records)
     print(f"report: {path}")
     check = summary.get("check") or {}

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import ALL, arm_sort_key
+from .arms import ARM_ORDER, arm_sort_key
+from .retrieval import ALL
 
 DEPTH_BINS = 10
 Row = Mapping[str, Any]
@@ -21,10 +22,12 @@ def find_row(rows: Sequence[Row], **match: Any) -> Row | None:
 
 
 def _color(arm: str) -> Any:
-    """The same colour for an arm in every plot and panel."""
+    """The same colour for an arm in every plot and panel (a layer-range splice: its own, by first layer)."""
     from matplotlib import colormaps
 
-    i = arm_sort_key(arm)[0]
+    i, first_layer, _ = arm_sort_key(arm)
+    if first_layer >= 0:
+        i = len(ARM_ORDER) + first_layer
     return colormaps["tab20"]((2 * i + i // 10) % 20)  # the ten strong colours first, then their light twins
 
 
@@ -67,7 +70,7 @@ def _grouped_bars(ax, rows: Sequence[Row], key: str) -> None:
 
 
 def plot_retrieval(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    rows = [r for r in rows if r["task"] == ALL and r.get("mean") is not None]
+    rows = [r for r in rows if r["task"] == ALL and r.get("haystack", ALL) == ALL and r.get("mean") is not None]
     if not rows:
         return None
     fig, (ax,) = _figure(1, width=8)
@@ -143,14 +146,16 @@ def plot_splice(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
 
 
 def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
-    """``report.overview_rows`` against prompt length, one colour per model and split: filled-region
-    retrieval of exact (dotted), RidgeFill (solid) and identity (dashed); RidgeFill's key-token loss minus
-    identity's, with its interval."""
+    """``results_md.overview_rows`` against prompt length, one colour per model, map kind, split and preset:
+    filled-region retrieval of exact (dotted), RidgeFill (solid) and identity (dashed); RidgeFill's key-token
+    loss minus identity's, with its interval."""
     from matplotlib import colormaps
 
     series: dict[str, list[Row]] = {}
     for r in sorted(rows, key=lambda r: r["length"]):
-        series.setdefault(f"{r['model']} {r['split']}", []).append(r)
+        kind = "" if r.get("map_kind", "residual") == "residual" else f" {r['map_kind']}"
+        preset = f" ({r['preset']})" if r.get("preset") else ""
+        series.setdefault(f"{r['model']}{kind} {r['split']}{preset}", []).append(r)
     if not series:
         return None
     fig, (left, right) = _figure(2, width=6.5, height=4.0 + 0.12 * len(series) * 3)
@@ -177,9 +182,62 @@ def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
         ax.grid(alpha=0.3)
     left.set_ylabel("filled-region score (0-100)")
     left.set_ylim(-2, 105)
-    left.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: never over a point
+    if left.get_legend_handles_labels()[0]:
+        left.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: never over a point
     right.axhline(0, color="black", lw=0.8)
     right.set_ylabel("key-token loss, RidgeFill − identity (nat)")
-    if right.lines:
+    if right.get_legend_handles_labels()[0]:
         right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     return _save(fig, path)
+
+
+def plot_tradeoff(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
+    """``tradeoff.tradeoff_rows``: filled-region retrieval against the speed bound 1/r, one panel per model and
+    length, one colour per map kind, each point labelled with its split; RidgeFill filled circles (the splits
+    of a kind joined), RidgeFill+rows hollow squares at their own bound (map kinds spread slightly apart along
+    the axis); exact as a dotted line."""
+    from matplotlib import colormaps
+
+    measured = [r for r in rows if r.get("speed") is not None and r.get("retrieval")]
+    panels: dict[tuple, list[Row]] = {}
+    for r in measured:
+        panels.setdefault((r["model"], r["length"]), []).append(r)
+    if not panels:
+        return None
+    kinds = list(dict.fromkeys(r["map_kind"] for r in measured))
+    fig, axes = _figure(len(panels), width=6.5, height=4.8)
+    for ax, ((model, length), points) in zip(axes, panels.items()):
+        for arm, speed_key, marker, fill in (("ridgefill", "speed", "o", True),
+                                             ("ridgefill+rows", "speed_rows", "s", False)):
+            for kind in kinds:
+                color = colormaps["tab10"](kinds.index(kind) % 10)
+                here = sorted((r for r in points if r["map_kind"] == kind and r["retrieval"].get(arm)
+                               and r["retrieval"][arm].get("mean") is not None), key=lambda r: r[speed_key])
+                if not here:
+                    continue
+                # Kinds at the same split share a bound: spread them a little apart so every bar shows.
+                xs = [r[speed_key] + 0.004 * (kinds.index(kind) - (len(kinds) - 1) / 2) for r in here]
+                ys = np.array([r["retrieval"][arm]["mean"] for r in here])
+                ax.errorbar(xs, ys, yerr=_yerr([r["retrieval"][arm] for r in here], ys),
+                            fmt=marker + ("-" if fill else ""), ms=6, capsize=3, color=color,
+                            mfc=color if fill else "white", label=f"{kind} {'RidgeFill' if fill else 'RidgeFill+rows'}")
+                for r, x, y in zip(here, xs, ys):
+                    ax.annotate(f"S{r['split_layer']}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        exact = [r["retrieval"]["exact"]["mean"] for r in points
+                 if r["retrieval"].get("exact") and r["retrieval"]["exact"].get("mean") is not None]
+        if exact:
+            ax.axhline(float(np.mean(exact)), color="black", ls=":", lw=0.9, label="exact")
+        ax.set_title(f"{model}, {length} tokens", fontsize=9)
+        ax.set_xlabel("speed bound 1/r (exact prefill time / RidgeFill's)")
+        ax.set_ylabel("filled-region score (0-100)")
+        ax.set_ylim(-2, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, path)
+
+
+def _yerr(rows: Sequence[Row], ys: np.ndarray) -> list[list[float]]:
+    """Error bars from each row's ``low`` and ``high`` (none where a row has no interval)."""
+    low = np.array([y if r.get("low") is None else r["low"] for r, y in zip(rows, ys)])
+    high = np.array([y if r.get("high") is None else r["high"] for r, y in zip(rows, ys)])
+    return [np.maximum(ys - low, 0).tolist(), np.maximum(high - ys, 0).tolist()]

@@ -1,4 +1,4 @@
-"""``REPORT.md`` and its plots from a ``summarize`` result, and ``docs/RESULTS.md`` from several reports.
+"""``REPORT.md`` and its plots from a ``summarize`` result (``docs/RESULTS.md`` joins them: ``results_md.py``).
 
 The report leads with the fill-disabled check, then the setup, then one table per measurement, each
 followed by its plot: filled-region retrieval (``retrieval_filled.png``), retrieval against needle depth
@@ -9,21 +9,18 @@ not measured, from the same numbers. matplotlib (Agg) is imported only when a pl
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import plots
-from .analysis import (ALL, EXACT, IDENTITY, NOFILL, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS,
-                       arm_sort_key, latest_records)
+from . import answers, plots
+from .analysis import latest_records
+from .arms import EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS, arm_sort_key
+from .markdown import NA, ci, image, score, signed, table
+from .retrieval import ALL, haystacks, pooled
 
 REPORT_NAME = "REPORT.md"
 FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG = "retrieval_filled.png", "retrieval_depth.png", "loss.png", "splice.png"
-OVERVIEW_PNG = "results_overview.png"  # next to RESULTS.md
-_NA = "–"
 
 Row = Mapping[str, Any]
 
@@ -43,34 +40,49 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     tail = [r for r in summary["retrieval"] if r["region"] == "tail"]
     parts += ["## Needle retrieval, filled region",
               "Mean score (0-100) of the samples whose needle lies in RidgeFill's filled prefix (for "
-              "nofill+longtail, part of it lies in that arm's longer exact tail), pooled over tasks; "
+              "nofill+longtail, part of it lies in that arm's longer exact tail), pooled over tasks and haystacks; "
               "95% BCa bootstrap interval in brackets, number of samples in parentheses."]
-    parts += [_by_length_table([r for r in filled if r["task"] == ALL], "mean", _score),
-              _image(plots.plot_retrieval(filled, out_dir / FILLED_PNG), "Filled-region retrieval")]
-    if any(r["task"] != ALL for r in filled):
-        parts += ["Per task (filled region):", _by_length_table([r for r in filled if r["task"] != ALL], "mean",
-                                                                  _score, task_column=True)]
+    parts += [_by_length_table(_overall(filled), "mean", score),
+              image(plots.plot_retrieval(_overall(filled), out_dir / FILLED_PNG), "Filled-region retrieval")]
+    parts += _breakdowns(filled, "filled region")
     parts += ["## Needle retrieval, tail region", "Samples whose needle lies in the tail, which every arm "
               "computes with the full model; under the fill arms the tail attends to the filled prefix, so a drop "
               "here is the fill's indirect harm (nofill's tail sees no prefix at all).",
-              _by_length_table([r for r in tail if r["task"] == ALL], "mean", _score)]
+              _by_length_table(_overall(tail), "mean", score)]
+    parts += _breakdowns(tail, "tail region", tasks=False)
     if records is not None:
         needles = [r for r in latest_records(records) if r["kind"] == "needle"]
         depth = plots.plot_depth(needles, meta, out_dir / DEPTH_PNG)
         if depth is not None:
             parts += ["## Retrieval against needle depth", "Mean score by needle position / prompt length "
                       f"({plots.DEPTH_BINS} bins, every region); dashed: the tail boundary, dotted: the longer tail of "
-                      "nofill+longtail where it ran.", _image(depth, "Retrieval against depth")]
+                      "nofill+longtail where it ran.", image(depth, "Retrieval against depth")]
     parts += ["## Paired retrieval differences, filled region",
               "Difference of mean scores on the same samples (first arm minus second), 95% BCa interval from "
               "resampling within task; McNemar's exact test on full-score success (b01: only the second arm "
-              "succeeds, b10: only the first).", _retrieval_diff_table(summary["retrieval_diffs"])]
+              "succeeds, b10: only the first); over every haystack (all), then per haystack. The needle-row oracle: ridgefill+needle-rows runs the needle's own "
+              "tokens exactly, ridgefill+needle-random as many random prefix rows; far above ridgefill and "
+              "the random rows, it says the needle rows' own keys are the lever (selectors, row-weighted maps), "
+              "near them that the error is in the haystack's keys (better maps).",
+              _retrieval_diff_table(summary["retrieval_diffs"])]
+    if summary.get("exact_rows"):
+        parts += ["Exact prefix rows per filled-region request, as the server reported them (the two needle-row "
+                  "arms run the same number).", _exact_rows_table(summary["exact_rows"])]
+    if summary.get("near_misses"):
+        parts += ["## Wrong answers to numeric needles",
+                  "Filled-region samples of the 7-digit needles, wrong answers read as near misses (at least "
+                  f"{answers.NEAR_DIGITS} of the 7 digits of an expected value in order: the needle was found and "
+                  "its digits copied wrongly, an error in the needle rows' own keys and values) or misses (no "
+                  "number or an unrelated one: the needle was not found among the haystack's keys). Share: near "
+                  "misses among wrong answers, 95% BCa interval.",
+                  _near_miss_table(summary["near_misses"]), "A few wrong answers per arm, near misses first:",
+                  _near_miss_examples_table(summary.get("near_miss_examples") or [])]
 
     parts += ["## Loss", f"Per-document mean loss (nat) on the last T = {meta.get('tail')} tokens of each document: on key tokens "
               "(loss with the context cut to those T tokens exceeds exact by more than 2 nat; the cut arm is "
               "above exact there by construction), on new tokens (outside any repeated 8-token span) and on all "
               "scored tokens; mean over documents with a 95% interval (few documents: wide), median after the slash.",
-              _loss_table(summary["loss"]), _image(plots.plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
+              _loss_table(summary["loss"]), image(plots.plot_loss(summary["loss"], out_dir / LOSS_PNG), "Loss per arm")]
     parts += ["## Paired loss differences", "First arm minus second, paired over documents (95% BCa interval, "
               "resampling documents within their corpus source, or all together when a source has only one).",
               _loss_diff_table(summary["loss_diffs"])]
@@ -78,9 +90,11 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               "KL(exact || arm) from the top-k lists; the interval is on the per-document top-1 difference "
               "against identity (resampled like the loss differences).", _agreement_table(summary["agreement"])]
     parts += ["## Splice tests", "RidgeFill with exact keys, exact values, both, or only the exact key "
-              "magnitude on the filled rows; share of RidgeFill's excess loss over exact that the splice "
-              "removes, (L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached.",
-              _splice_table(summary["splice"]), _image(plots.plot_splice(summary["splice"], out_dir / SPLICE_PNG),
+              "magnitude on the filled rows, in every upper layer or (`@FIRST-LAST`) in those upper layers only; "
+              "share of RidgeFill's excess loss over exact that the splice removes, "
+              "(L_ridgefill - L_splice) / (L_ridgefill - L_exact), on the documents all three reached. The "
+              "per-layer splices say which layers hold the key error that exact keys remove.",
+              _splice_table(summary["splice"]), image(plots.plot_splice(summary["splice"], out_dir / SPLICE_PNG),
                                                        "Splice: share of loss removed")]
     parts += ["## What the numbers say", _conclusions(summary)]
     path = out_dir / REPORT_NAME
@@ -91,37 +105,8 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
 # ---------------------------------------------------------------------------------------------- formatting
 
 
-def _score(x: float | None) -> str:
-    return _NA if x is None else f"{x:.1f}"
-
-
 def _loss(x: float | None) -> str:
-    return _NA if x is None else f"{x:.3f}"
-
-
-def _signed(fmt: str):
-    return lambda x: _NA if x is None else f"{x:+{fmt}}"
-
-
-def _ci(row: Row, key: str, fmt=_score) -> str:
-    if row.get(key) is None:
-        return _NA
-    if row.get("low") is None or row.get("high") is None:
-        return fmt(row[key])
-    return f"{fmt(row[key])} [{fmt(row['low'])}, {fmt(row['high'])}]"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    if not rows:
-        return "_Not measured in this run._"
-    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _image(path: pathlib.Path | None, alt: str) -> str:
-    return f"![{alt}]({path.name})" if path is not None else ""
+    return NA if x is None else f"{x:.3f}"
 
 
 def _check_text(check: Row | None) -> str:
@@ -129,83 +114,118 @@ def _check_text(check: Row | None) -> str:
         return "**Check not run:** this run has no comparison of the fill-disabled server against stock SGLang."
     if check.get("passed"):
         return (f"Check passed: fill-disabled server byte-identical to stock on {check.get('prompts')} prompts "
-                f"(compared: {check.get('compared', _NA)}).")
+                f"(compared: {check.get('compared', NA)}).")
     mismatches = list(check.get("mismatches") or [])
     shown = "\n".join(f"- {m}" for m in mismatches[:10])
     if len(mismatches) > 10:
         shown += f"\n- ... {len(mismatches) - 10} more"
     return (f"**CHECK FAILED: the fill-disabled server is NOT byte-identical to stock SGLang** "
             f"({len(mismatches)} mismatches over {check.get('prompts')} prompts, compared: "
-            f"{check.get('compared', _NA)}). The numbers below cannot be trusted until this is fixed.\n\n{shown}")
+            f"{check.get('compared', NA)}). The numbers below cannot be trusted until this is fixed.\n\n{shown}")
 
 
 def _setup_table(meta: Row) -> str:
     if not meta:
         return "_No meta record in this run._"
-    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "rows_policy", "rows_fraction",
-              "longtail_tail", "started", "server", "command")
+    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
+              "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server", "command")
     rows = []
     for name in fields:
-        if name in meta:
+        if meta.get(name) is not None:
             value = meta[name]
             if isinstance(value, (list, tuple)):
                 value = ", ".join(map(str, value))
             elif isinstance(value, Mapping):
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             rows.append((name, f"`{value}`" if name == "command" else value))
-    return _table(("setting", "value"), rows)
+    return table(("setting", "value"), rows)
 
 
 # -------------------------------------------------------------------------------------------------- tables
 
 
-def _by_length_table(rows: Sequence[Row], key: str, fmt, *, task_column: bool = False) -> str:
-    """One line per (task,) arm, one column per length: ``estimate [low, high] (n)``."""
+def _overall(rows: Sequence[Row]) -> list[Row]:
+    """Retrieval rows pooled over tasks and haystacks."""
+    return [r for r in pooled(rows) if r["task"] == ALL]
+
+
+def _breakdowns(rows: Sequence[Row], region: str, *, tasks: bool = True) -> list[str]:
+    """The per-task and per-haystack tables of one region's retrieval rows (each where the run has them)."""
+    parts = []
+    per_task = [r for r in pooled(rows) if r["task"] != ALL]
+    if tasks and per_task:
+        parts += [f"Per task ({region}):", _by_length_table(per_task, "mean", score, group="task")]
+    per_haystack = [r for r in rows if r["task"] == ALL and r.get("haystack", ALL) != ALL]
+    if per_haystack:
+        parts += [f"Per haystack ({region}; noise: RULER's repeated sentences, text: real prose):",
+                  _by_length_table(per_haystack, "mean", score, group="haystack")]
+    return parts
+
+
+def _by_length_table(rows: Sequence[Row], key: str, fmt, *, group: str | None = None) -> str:
+    """One line per (``group``,) arm, one column per length: ``estimate [low, high] (n)``."""
     lengths = sorted({r["length"] for r in rows})
     cells: dict[tuple, dict[int, str]] = {}
     for r in rows:
-        line = (r["task"], r["arm"]) if task_column else (r["arm"],)
-        cells.setdefault(line, {})[r["length"]] = f"{_ci(r, key, fmt)} ({r['n']})"
+        line = (r[group], r["arm"]) if group else (r["arm"],)
+        cells.setdefault(line, {})[r["length"]] = f"{ci(r, key, fmt)} ({r['n']})"
     order = sorted(cells, key=lambda line: (*line[:-1], arm_sort_key(line[-1])))
-    header = (("task",) if task_column else ()) + ("arm",) + tuple(str(n) for n in lengths)
-    return _table(header, [(*line, *(cells[line].get(n, _NA) for n in lengths)) for line in order])
+    header = ((group,) if group else ()) + ("arm",) + tuple(str(n) for n in lengths)
+    return table(header, [(*line, *(cells[line].get(n, NA) for n in lengths)) for line in order])
 
 
 def _retrieval_diff_table(rows: Sequence[Row]) -> str:
-    p = lambda x: _NA if x is None else f"{x:.3g}"
-    return _table(("length", "arm", "vs", "n", "difference", "McNemar p", "b01 / b10"),
-                  [(r["length"], r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".1f")), p(r["mcnemar_p"]),
-                    f"{r['b01']} / {r['b10']}") for r in rows])
+    p = lambda x: NA if x is None else f"{x:.3g}"
+    return table(("length", "haystack", "arm", "vs", "n", "difference", "McNemar p", "b01 / b10"),
+                  [(r["length"], r.get("haystack", ALL), r["arm"], r["vs"], r["n"], ci(r, "diff", signed(".1f")),
+                    p(r["mcnemar_p"]), f"{r['b01']} / {r['b10']}") for r in rows])
+
+
+def _exact_rows_table(rows: Sequence[Row]) -> str:
+    return table(("length", "arm", "requests", "mean", "min", "max"),
+                  [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"]) for r in rows])
+
+
+def _near_miss_table(rows: Sequence[Row]) -> str:
+    share = lambda r: "no wrong answer" if r["share"] is None else ci(r, "share", lambda x: f"{x:.0f} %")  # noqa: E731
+    return table(("length", "haystack", "arm", "samples", "wrong", "near misses", "share of near misses"),
+                  [(r["length"], r["haystack"], r["arm"], r["n"], r["wrong"], r["near"], share(r)) for r in rows])
+
+
+def _near_miss_examples_table(rows: Sequence[Row]) -> str:
+    return table(("arm", "sample", "expected", "answer", "reading"),
+                  [(r["arm"], r["sample"], r["expected"], f"`{r['output']}`" if r["output"] else "(empty)",
+                    r["reading"]) for r in rows])
 
 
 def _loss_table(rows: Sequence[Row]) -> str:
     by: dict[tuple, dict[str, Row]] = {}
     for r in rows:
         by.setdefault((r["length"], r["arm"]), {})[r["metric"]] = r
-    cell = lambda r: _NA if not r or r.get("mean") is None else f"{_ci(r, 'mean', _loss)} / {_loss(r['median'])}"
+    cell = lambda r: NA if not r or r.get("mean") is None else f"{ci(r, 'mean', _loss)} / {_loss(r['median'])}"
     out = []
     for (length, arm), m in sorted(by.items(), key=lambda kv: (kv[0][0], arm_sort_key(kv[0][1]))):
         key = m.get("key", {})
         measured = key.get("n_docs", 0) + key.get("docs_without_tokens", 0)
         key_docs = (f"{key['n_docs']} of {measured}" if measured else "not measured (no exact or cut record)")
-        out.append((length, arm, m["all"]["n_docs"] if "all" in m else _NA, key_docs, key.get("n_tokens", 0),
+        out.append((length, arm, m["all"]["n_docs"] if "all" in m else NA, key_docs, key.get("n_tokens", 0),
                     cell(key), cell(m.get("new")), cell(m.get("all"))))
-    return _table(("length", "arm", "docs", "docs with key tokens", "key tokens", "key loss", "new loss",
+    return table(("length", "arm", "docs", "docs with key tokens", "key tokens", "key loss", "new loss",
                    "all loss"), out)
 
 
 def _loss_diff_table(rows: Sequence[Row]) -> str:
-    return _table(("length", "metric", "arm", "vs", "docs", "difference"),
-                  [(r["length"], r["metric"], r["arm"], r["vs"], r["n"], _ci(r, "diff", _signed(".3f"))) for r in rows])
+    return table(("length", "metric", "arm", "vs", "docs", "difference"),
+                  [(r["length"], r["metric"], r["arm"], r["vs"], r["n"], ci(r, "diff", signed(".3f"))) for r in rows])
 
 
 def _agreement_table(rows: Sequence[Row]) -> str:
-    pct = lambda x: _NA if x is None else f"{100 * x:.1f}%"
-    pts = _signed(".1f")
-    vs = lambda r: (_NA if r["vs_identity_diff"] is None else
+    pct = lambda x: NA if x is None else f"{100 * x:.1f}%"
+    pts = signed(".1f")
+    vs = lambda r: (NA if r["vs_identity_diff"] is None else
                     f"{pts(_scaled(r['vs_identity_diff']))} [{pts(_scaled(r['vs_identity_low']))}, "
                     f"{pts(_scaled(r['vs_identity_high']))}] points")
-    return _table(("length", "arm", "docs", "tokens", "top-1 pooled", "top-1 per doc", "KL mean", "KL median",
+    return table(("length", "arm", "docs", "tokens", "top-1 pooled", "top-1 per doc", "KL mean", "KL median",
                    "top-1 vs identity"),
                   [(r["length"], r["arm"], r["n_docs"], r["n_tokens"], pct(r["top1"]), pct(r["top1_doc_mean"]),
                     _loss(r["kl_mean"]), _loss(r["kl_median"]), vs(r)) for r in rows])
@@ -217,9 +237,10 @@ def _scaled(x: float | None) -> float | None:
 
 def _splice_table(rows: Sequence[Row]) -> str:
     share = lambda x: "undefined (RidgeFill matches exact)" if x is None else f"{100 * x:.1f}%"
-    return _table(("length", "arm", "metric", "docs", "splice loss", "ridgefill loss", "exact loss", "share removed"),
-                  [(r["length"], r["arm"], r["metric"], r["n_docs"], _loss(r["loss"]), _loss(r["ridgefill"]),
-                    _loss(r["exact"]), share(r["share"])) for r in rows])
+    return table(("length", "arm", "layers", "metric", "docs", "splice loss", "ridgefill loss", "exact loss",
+                   "share removed"),
+                  [(r["length"], r["arm"], r.get("layers", ALL), r["metric"], r["n_docs"], _loss(r["loss"]),
+                    _loss(r["ridgefill"]), _loss(r["exact"]), share(r["share"])) for r in rows])
 
 
 # ------------------------------------------------------------------------------------------- conclusions
@@ -258,7 +279,10 @@ RETRIEVAL_TARGETS = (
 
 
 def _conclusions(summary: Mapping[str, Any]) -> str:
-    diffs, loss_diffs = summary["retrieval_diffs"], summary["loss_diffs"]
+    """Per length: the retrieval statements and targets over every haystack, each target followed by its
+    reading per haystack, then the key-token loss target."""
+    every, loss_diffs = summary["retrieval_diffs"], summary["loss_diffs"]
+    diffs, names = pooled(every), haystacks(every)
     lengths = sorted({r["length"] for r in diffs if r["length"] != ALL} | {r["length"] for r in loss_diffs})
     if len({r["length"] for r in diffs if r["length"] != ALL}) > 1:
         lengths.append(ALL)
@@ -266,7 +290,7 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
         return ("Nothing was measured in this run, so every target is not measured: RidgeFill at least 20 points "
                 "above identity, within 5 points of exact, with rows within 2 points of exact and above random "
                 "rows (filled-region retrieval), key-token loss below identity.")
-    pts, nat = _signed(".1f"), _signed(".3f")
+    pts, nat = signed(".1f"), signed(".3f")
     out = []
     for length in lengths:
         head = "All lengths pooled" if length == ALL else f"{length} tokens"
@@ -274,107 +298,19 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
         for label, arm, vs in _RETRIEVAL_STATEMENTS:
             r = plots.find_row(diffs, length=length, arm=arm, vs=vs)
             lines.append(f"- {label}, filled-region retrieval: " + (
-                "not measured." if r is None else f"{_ci(r, 'diff', pts)} points over {r['n']} samples."))
+                "not measured." if r is None else f"{ci(r, 'diff', pts)} points over {r['n']} samples."))
         for label, arm, vs, op, threshold in RETRIEVAL_TARGETS:
             lines.append(_target(label, plots.find_row(diffs, length=length, arm=arm, vs=vs), "diff", op, threshold, pts))
+            for name in names:
+                row = plots.find_row(every, length=length, haystack=name, arm=arm, vs=vs)
+                if row is not None:
+                    lines.append("  " + _target(f"{name} haystack", row, "diff", op, threshold, pts))
+        near = plots.find_row(summary.get("near_misses") or [], length=length, haystack=ALL, arm=RIDGEFILL)
+        if near is not None and near["wrong"]:
+            lines.append(f"- RidgeFill's wrong filled-region answers to numeric needles: {near['near']} of "
+                         f"{near['wrong']} are near misses (the digits copied wrongly, not the needle missed).")
         if length != ALL:
             key = plots.find_row(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
             lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))
         out.append("\n".join(lines))
     return "\n\n".join(out)
-
-
-_LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
-
-
-def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, command: str) -> pathlib.Path:
-    """Concatenate ``REPORT.md`` of each directory into ``out`` (e.g. ``docs/RESULTS.md``): headings move one
-    level down under one title, relative links are rewritten relative to ``out``'s folder."""
-    out = pathlib.Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    parts = ["# sgl-ridgefill evaluation results",
-             f"Generated from {len(report_dirs)} report(s); regenerate with:\n\n```\n{command}\n```\n\n"
-             "Do not edit by hand: the next run of that command overwrites this file."]
-    overview = overview_rows([pathlib.Path(d) for d in report_dirs])
-    if overview:
-        figure = plots.plot_overview(overview, out.parent / OVERVIEW_PNG)
-        parts += ["## Overview", _OVERVIEW_TEXT, _overview_table(overview),
-                  _image(figure, "Filled-region retrieval and key-token loss against prompt length")]
-    else:
-        (out.parent / OVERVIEW_PNG).unlink(missing_ok=True)
-    for report_dir in map(pathlib.Path, report_dirs):
-        path = report_dir / REPORT_NAME
-        if not path.exists():
-            raise ValueError(f"render_results_md: {report_dir} has no {REPORT_NAME}")
-        parts.append(_rebase(path.read_text(), report_dir, out.parent).strip())
-    out.write_text("\n\n".join(parts) + "\n")
-    return out
-
-
-_OVERVIEW_ARMS = (EXACT, RIDGEFILL, IDENTITY, NOFILL, RIDGEFILL_ROWS, RIDGEFILL_RANDOM)
-_OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have every table, interval and plot). "
-                  "Retrieval: mean score (0-100) of the samples whose needle lies in the filled prefix, with their "
-                  "number; RidgeFill minus identity on the same samples, 95% BCa interval. Key-token loss: "
-                  "RidgeFill minus identity, in nat (below zero: RidgeFill loses less), 95% BCa interval over "
-                  "documents. Splice: share of RidgeFill's excess key-token loss that exact keys on the filled "
-                  "rows remove. –: not run. The plot draws the same numbers against prompt length, one colour per "
-                  "model and split.")
-
-
-def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
-    """One row per run and length from each directory's ``summary.json`` (directories without one are left
-    out): ``model``, ``split`` ("S/L"), ``length``, ``n`` (filled-region samples), ``retrieval`` (arm -> mean
-    score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or None), ``splice_keys`` (share)."""
-    rows = []
-    for report_dir in report_dirs:
-        path = report_dir / "summary.json"
-        if not path.exists():
-            continue
-        summary = json.loads(path.read_text())
-        meta = summary.get("meta") or {}
-        lengths = sorted({r["length"] for key in ("retrieval", "loss_diffs") for r in summary.get(key, [])
-                          if isinstance(r["length"], int)})
-        for length in lengths:
-            filled = {r["arm"]: r for r in summary.get("retrieval", [])
-                      if r["length"] == length and r["task"] == ALL and r["region"] == "filled"}
-            splice = plots.find_row(summary.get("splice", []), length=length, arm="splice:keys", metric="key")
-            rows.append({
-                "model": str(meta.get("model", report_dir.name)), "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}",
-                "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
-                "retrieval": {arm: r["mean"] for arm, r in filled.items()},
-                "retrieval_diff": plots.find_row(summary.get("retrieval_diffs", []), length=length, arm=RIDGEFILL, vs=IDENTITY),
-                "key_diff": plots.find_row(summary.get("loss_diffs", []), length=length, metric="key", arm=RIDGEFILL,
-                                           vs=IDENTITY),
-                "splice_keys": None if splice is None else splice.get("share"),
-            })
-    return rows
-
-
-def _overview_table(rows: Sequence[Row]) -> str:
-    header = ("model", "split", "tokens", "filled samples", *_OVERVIEW_ARMS, "retrieval: RidgeFill − identity",
-              "key-token loss: RidgeFill − identity (nat)", "splice: exact keys remove")
-    return _table(header, [(
-        r["model"], r["split"], r["length"], _NA if r["n"] is None else r["n"],
-        *(_score(r["retrieval"].get(arm)) for arm in _OVERVIEW_ARMS),
-        _NA if r["retrieval_diff"] is None else _ci(r["retrieval_diff"], "diff", _signed(".1f")),
-        _NA if r["key_diff"] is None else _ci(r["key_diff"], "diff", _signed(".2f")),
-        _NA if r["splice_keys"] is None else f"{100 * r['splice_keys']:.0f} %",
-    ) for r in rows])
-
-
-def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:
-    def link(m: re.Match) -> str:
-        target = m.group(2)
-        if re.match(r"^([a-z][a-z0-9+.-]*:|/|#)", target, re.I):
-            return m.group(0)
-        rel = os.path.relpath((source_dir / target).resolve(), target_dir.resolve())
-        return f"{m.group(1)}({pathlib.PurePath(rel).as_posix()})"
-
-    lines, fenced = [], False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            line = "#" + line if line.startswith("#") else _LINK.sub(link, line)
-        lines.append(line)
-    return "\n".join(lines)

@@ -1,13 +1,17 @@
-"""Regenerate ``docs/RESULTS.md``: fit the maps, run ``sgl-ridgefill eval`` for each model and split, copy
-each report next to it, and join them.
+"""Regenerate ``docs/RESULTS.md``: fit the maps, run ``sgl-ridgefill eval`` for each model, map kind and
+split, copy each report next to it, and join them.
 
     python -m sgl_ridgefill.eval.results                 # everything (hours on a 2-core CPU; resumable)
     python -m sgl_ridgefill.eval.results --only qwen2.5-0.5b-s12
+    python -m sgl_ridgefill.eval.results --only-group choose-split   # the map kind x split comparison
+    python -m sgl_ridgefill.eval.results --list          # print each run's calibrate and eval commands
     python -m sgl_ridgefill.eval.results --report-only   # rewrite each run's report from its raw results
     python -m sgl_ridgefill.eval.results --render-only   # rejoin the reports already in docs/results/
 
 Raw results (``results.jsonl``, server logs) stay under ``--runs-dir``; the repository keeps the reports,
-plots and ``summary.json`` under ``docs/results/<run>/``. Every step resumes where it stopped.
+plots and ``summary.json`` under ``docs/results/<run>/``. Every step resumes where it stopped; the runs of
+the ``choose-split`` group make the "map kind × split × rows" table (``tradeoff.py``), where a run not made
+yet reads "not run".
 """
 
 from __future__ import annotations
@@ -15,15 +19,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
 
 from ..models.fetch import default_cache_dir
+from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 COMMAND = "python -m sgl_ridgefill.eval.results"
 CALIBRATION_TOKENS = 200_000
+RESIDUAL = "residual"  # the map kind of every maps folder written before kinds (manifest without map_kind)
+MAP_KINDS = (RESIDUAL, "normalised", "kv", "kv+context")
+MAP_KIND_FLAG = "--map-kind"  # `sgl-ridgefill calibrate`'s flag for the other kinds
+CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +44,29 @@ class Run:
     split: int
     lengths: tuple[int, ...]
     extra: tuple[str, ...] = ()  # more `sgl-ridgefill eval` flags
+    map_kind: str = RESIDUAL
+    group: str = ""  # CHOOSE_SPLIT: a row of the map kind x split x rows table
+
+    def __post_init__(self) -> None:
+        if self.map_kind not in MAP_KINDS:
+            raise ValueError(f"run {self.name!r}: map kind {self.map_kind!r} is not one of {', '.join(MAP_KINDS)}")
+        if self.split not in self.splits:
+            raise ValueError(f"run {self.name!r}: split {self.split} is not among its maps' splits {self.splits}")
 
     def maps_name(self) -> str:
-        return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
+        kind = "" if self.map_kind == RESIDUAL else self.map_kind.replace("+", "-") + "-"
+        return f"{self.model}-{kind}s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
+
+    def calibrate_command(self, maps: pathlib.Path) -> list[str]:
+        kind = [] if self.map_kind == RESIDUAL else [MAP_KIND_FLAG, self.map_kind]
+        return [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate", "--model", self.model, "--corpus", "builtin",
+                "--splits", ",".join(map(str, self.splits)), *kind, "--max-tokens", str(CALIBRATION_TOKENS),
+                "--out", str(maps), "--force"]
+
+    def eval_command(self, maps: pathlib.Path, out: pathlib.Path, *, report_only: bool = False) -> list[str]:
+        return [sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", self.model, "--maps", str(maps),
+                "--split", str(self.split), "--tail", str(TAIL), "--lengths", ",".join(map(str, self.lengths)),
+                "--out", str(out), *self.extra, *(("--report-only",) if report_only else ())]
 
 
 # The shallower splits run the four main arms and the splices only, on fewer prompts, to fit a 2-core CPU.
@@ -47,8 +77,21 @@ _SHALLOW = ("--depths", "3", "--docs", "2", "--needle-arms", "exact,nofill,ident
 _LONG_16K = ("--depths", "1", "--docs", "1", "--needle-arms", "exact,nofill,identity,ridgefill",
              "--loss-arms", "exact,nofill,identity,ridgefill,splice:keys")
 
+TAIL = 1024
+
+# Choosing the split and the map kind (QUALITY_NOTES: eval sizing, D1-D3): 96 filled-region samples per run,
+# paired across runs by sample. The reference (residual maps at split 12) also runs the needle-row oracle, the
+# random-rows control and the per-layer key splices (13-17, 18-23); the others the headline arms.
+_QUALITY = ("--preset", "quality", "--needle-arms", "exact,ridgefill,ridgefill+rows",
+            "--loss-arms", "exact,ridgefill,splice:keys")
+_QUALITY_DIAGNOSTICS = ("--preset", "quality",
+                        "--needle-arms", "exact,ridgefill,ridgefill+rows,ridgefill+random,ridgefill+needle-rows,"
+                                         "ridgefill+needle-random",
+                        "--loss-arms", "exact,identity,ridgefill,splice:keys")
+_QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
+
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
-# (Llama family, 30 layers, 8K context); T = 1024.
+# (Llama family, 30 layers, 8K context); T = 1024. Then the split and map-kind comparison on the 0.5B.
 RUNS = (
     Run("qwen2.5-0.5b-s12", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,)),
     Run("smollm2-135m-s15", "smollm2-135m", (8, 15), 15, (4096,)),
@@ -58,12 +101,31 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
     # SmolLM2's context is 8,192 tokens: its longest prompts leave room for the answer.
     Run("smollm2-135m-s15-8k", "smollm2-135m", (8, 15), 15, (8064,), _SHALLOW),
+    Run("qwen2.5-0.5b-residual-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY_DIAGNOSTICS,
+        group=CHOOSE_SPLIT),
+    Run("qwen2.5-0.5b-residual-s14-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 14, (4096,), _QUALITY, group=CHOOSE_SPLIT),
+    Run("qwen2.5-0.5b-residual-s16-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 16, (4096,), _QUALITY, group=CHOOSE_SPLIT),
+    *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", (12,), 12, (4096,), _QUALITY,
+          map_kind=kind, group=CHOOSE_SPLIT) for kind in MAP_KINDS[1:]),
 )
 
 
-def _sh(cmd: list[str]) -> None:
+def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT) -> list[PlannedRun]:
+    """The rows of the map kind x split x rows table: each run of ``group`` at each of its lengths."""
+    return [PlannedRun(run.name, run.model, run.map_kind, run.split, length, docs / "results" / run.name)
+            for run in runs if run.group == group for length in run.lengths]
+
+
+def _sh(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> None:
     print("+ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    done = subprocess.run(cmd)
+    if done.returncode not in ok:
+        raise subprocess.CalledProcessError(done.returncode, cmd)
+
+
+# `sgl-ridgefill eval` exits 3 when the stock check failed or never ran (a run stopped before it): its report
+# says so, and rewriting reports from partial results goes on.
+_NO_CHECK = 3
 
 
 def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only: bool = False) -> pathlib.Path | None:
@@ -75,12 +137,8 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
         print(f"{run.name}: no results under {out} yet; skipped", flush=True)
         return None
     if not report_only and not (maps / "manifest.json").exists():
-        _sh([sys.executable, "-m", "sgl_ridgefill.cli", "calibrate", "--model", run.model, "--corpus", "builtin",
-             "--splits", ",".join(map(str, run.splits)), "--max-tokens", str(CALIBRATION_TOKENS), "--out", str(maps),
-             "--force"])
-    _sh([sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", run.model, "--maps", str(maps), "--split",
-         str(run.split), "--tail", "1024", "--lengths", ",".join(map(str, run.lengths)), "--out", str(out), *run.extra,
-         *(("--report-only",) if report_only else ())])
+        _sh(run.calibrate_command(maps))
+    _sh(run.eval_command(maps, out, report_only=report_only), ok=(0, _NO_CHECK) if report_only else (0,))
     target = docs / "results" / run.name
     target.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
@@ -95,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="raw results and maps (default ~/.cache/sgl-ridgefill/eval)")
     parser.add_argument("--docs", type=pathlib.Path, default=REPO_DOCS, help="where RESULTS.md and results/ go")
     parser.add_argument("--only", default=None, help=f"comma-separated run names ({', '.join(r.name for r in RUNS)})")
+    parser.add_argument("--only-group", default=None, choices=(CHOOSE_SPLIT,),
+                        help="the runs of one group (choose-split: the map kind x split x rows comparison)")
+    parser.add_argument("--list", action="store_true", help="print each run's calibrate and eval commands; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite each run's report from its raw results (no requests), then join them")
     parser.add_argument("--render-only", action="store_true", help="only join the reports already under DOCS/results")
@@ -104,18 +165,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set((args.only or "").split(",")) - set(names) - {""}
     if unknown:
         parser.error(f"unknown run(s) {', '.join(sorted(unknown))}; known: {', '.join(names)}")
+    if args.only_group:
+        chosen = tuple(r for r in chosen if r.group == args.only_group)
     if args.report_only and args.render_only:
         parser.error("--report-only and --render-only: pick one")
+    if args.list:
+        for run in chosen:
+            maps = args.runs_dir / "maps" / run.maps_name()
+            print(f"# {run.name}\n{shlex.join(run.calibrate_command(maps))}\n"
+                  f"{shlex.join(run.eval_command(maps, args.runs_dir / run.name))}")
+        return 0
     if not args.render_only:
         for run in chosen:
             run_one(run, args.runs_dir, args.docs, report_only=args.report_only)
-    from .report import render_results_md
+    from .results_md import render_results_md
 
     present = [args.docs / "results" / n for n in names if (args.docs / "results" / n / "REPORT.md").exists()]
     if not present:
         print("no reports under docs/results yet", file=sys.stderr)
         return 1
-    path = render_results_md(present, args.docs / "RESULTS.md", COMMAND)
+    path = render_results_md(present, args.docs / "RESULTS.md", COMMAND, comparison=planned(RUNS, args.docs))
     print(f"wrote {path}")
     return 0
 

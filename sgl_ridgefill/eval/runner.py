@@ -79,6 +79,12 @@ def stable_seed(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
 
 
+def prompt_sha(ids: Sequence[int]) -> str:
+    """A short hash of a prompt's token ids: runs pair a sample across maps folders and splits only when
+    its prompt is the same (a text haystack leaves out each maps folder's calibration documents)."""
+    return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
 class RanExact(RuntimeError):
     """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 
@@ -147,15 +153,17 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
     from .needles import string_match_all
 
     custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length),
-                          seed=stable_seed(sample.id))
+                          seed=stable_seed(sample.id), needle_spans=sample.needle_spans)
     out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
     _check_ran(arm, sample.id, out)
     text = out.get("text", "")
+    ran = (out.get("meta_info") or {}).get("ridgefill")
+    rows = {f"{k}_rows": ran[k] for k in ("exact", "filled") if isinstance(ran, dict) and isinstance(ran.get(k), int)}
     store.add({
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
-        "sample": sample.id, "arm": arm, "region": sample.region, "depth": sample.depth,
-        "position": sample.needle_spans[0][0], "score": string_match_all(text, sample.answers), "output": text,
-        "answers": list(sample.answers), "seconds": round(seconds, 3),
+        "sample": sample.id, "prompt_sha": prompt_sha(sample.input_ids), "arm": arm, "region": sample.region,
+        "depth": sample.depth, "position": sample.needle_spans[0][0], "score": string_match_all(text, sample.answers),
+        "output": text, "answers": list(sample.answers), **rows, "seconds": round(seconds, 3),
     })
 
 
@@ -165,6 +173,12 @@ def loss_jobs(store: ResultStore, docs_by_length: dict[int, list], plan: EvalPla
             for arm in plan.loss_arms + (A.CUT,):
                 if not store.has(kind="loss", length=length, doc=doc.id, arm=arm):
                     yield doc, arm
+
+
+def _restores_both(arm: str) -> bool:
+    """A ``both`` splice restores exact keys and values, so it may match the exact arm bit for bit."""
+    parts = A.splice_parts(arm)
+    return parts is not None and parts[0] == "both"
 
 
 exact_scores: dict[tuple[int, str], Any] = {}  # (length, doc) -> the exact arm's logprobs, this process
@@ -192,7 +206,8 @@ def run_loss(client: Client, store: ResultStore, doc, arm: str, plan: EvalPlan) 
     exact = exact_scores.get((length, doc.id))
     if arm == A.EXACT:
         exact_scores[(length, doc.id)] = scores.logprobs
-    elif arm not in (A.CUT, "splice:both") and exact is not None and np.array_equal(exact, scores.logprobs, equal_nan=True):
+    elif arm != A.CUT and not _restores_both(arm) and exact is not None and np.array_equal(exact, scores.logprobs,
+                                                                                             equal_nan=True):
         raise RanExact(
             f"{doc.id}: the {arm} arm returned the exact arm's logprobs bit for bit; the server ran it exactly "
             "(is --chunked-prefill-size below the prompt length?)"

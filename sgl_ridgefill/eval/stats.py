@@ -235,3 +235,16 @@ def sign_test(a: ArrayLike, b: ArrayLike) -> dict:
     p = stats.binomtest(n_pos, n_pos + n_neg, 0.5).pvalue if n_pos + n_neg else 1.0
     return {"n": n_pos + n_neg, "n_ties": int(a.size) - n_pos - n_neg, "n_pos": n_pos, "n_neg": n_neg,
             "p_value": float(p)}
+
+
+def json_number(x: object) -> float | None:
+    """A JSON-safe float: ``None`` for missing, NaN or infinite values."""
+    if x is None:
+        return None
+    x = float(x)  # type: ignore[arg-type]
+    return x if math.isfinite(x) else None
+
+
+def interval_fields(interval: Interval, name: str) -> dict[str, float | None]:
+    """``{name: estimate, "low": ..., "high": ...}`` of ``interval``, JSON-safe."""
+    return {name: json_number(interval.estimate), "low": json_number(interval.low), "high": json_number(interval.high)}

@@ -10,7 +10,8 @@ from scipy import stats
 
 from sgl_ridgefill.eval.analysis import latest_records, load_records, summarize
 from sgl_ridgefill.eval.metrics import TokenScores
-from sgl_ridgefill.eval.report import render_results_md, write_report
+from sgl_ridgefill.eval.report import write_report
+from sgl_ridgefill.eval.results_md import render_results_md
 from sgl_ridgefill.eval.stats import stratified_paired_bootstrap
 
 N_RESAMPLES = 500
@@ -116,7 +117,10 @@ def summary(records):
 
 
 def _row(rows, **match):
-    found = [r for r in rows if all(r[k] == v for k, v in match.items())]
+    """The one row matching ``match``; rows broken down by haystack match the pooled one ("all") unless
+    ``haystack`` is given."""
+    match.setdefault("haystack", "all")
+    found = [r for r in rows if all(r.get(k, "all" if k == "haystack" else None) == v for k, v in match.items())]
     assert len(found) == 1, (match, found)
     return found[0]
 
@@ -287,7 +291,8 @@ def test_share_is_none_when_ridgefill_matches_exact():
 def test_missing_everything_gives_empty_tables():
     summary = summarize([], n_resamples=N_RESAMPLES)
     assert summary["meta"] is None and summary["check"] is None
-    assert all(summary[k] == [] for k in ("retrieval", "retrieval_diffs", "loss", "loss_diffs", "agreement", "splice"))
+    assert all(summary[k] == [] for k in ("retrieval", "retrieval_diffs", "exact_rows", "loss", "loss_diffs",
+                                          "agreement", "splice"))
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -301,7 +306,7 @@ def test_report_files_and_text(tmp_path, summary, records):
         assert (tmp_path / "run" / png).stat().st_size > 1000
         assert f"]({png})" in text
     assert text.index("byte-identical to stock on 5 prompts") < text.index("## Setup")
-    assert "| 4096 | ridgefill | identity | 8 | +50.0 [" in text
+    assert "| 4096 | all | ridgefill | identity | 8 | +50.0 [" in text
     assert "75.0 [" in text
     conclusions = text.split("## What the numbers say")[1]
     assert "RidgeFill at least 20 points above identity: **met**" in conclusions
@@ -340,7 +345,8 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
     overview = text[text.index("## Overview"):text.index("\n## model")]
     rows = [line for line in overview.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 3  # lengths 64 (documents), 4096 and 8192 (needles)
-    by_length = {row.split(" | ")[2]: row for row in rows}
+    by_length = {row.split(" | ")[3]: row for row in rows}  # model, map kind, split, tokens
+    assert all(row.startswith("| tiny | residual | 12/? |") for row in rows)  # a run written before map kinds
     # exact, ridgefill, identity, nofill (not run), ridgefill+rows, ridgefill+random; then RidgeFill - identity
     assert "| 8 | 100.0 | 75.0 | 25.0 | – | 100.0 | 50.0 | +50.0 [" in by_length["4096"]  # 4 samples x 2 tasks
     assert by_length["64"].endswith("| – | -2.00 [-2.00, -2.00] | 50 % |")
@@ -348,3 +354,95 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
     (dirs[0] / "summary.json").unlink()
     text = render_results_md(dirs, tmp_path / "RESULTS.md", command="x").read_text()
     assert "## Overview" not in text and not (tmp_path / "results_overview.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
+
+
+def test_per_layer_splices_name_their_layers_and_sit_beside_the_all_layer_splice(tmp_path):
+    records = _document_records()
+    records += [{**r, "arm": "splice:keys@13-17"} for r in records if r.get("arm") == "splice:keys"]
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    rows = summary["splice"]
+    ranged = _row(rows, length=N, arm="splice:keys@13-17", metric="key")
+    assert (ranged["kind"], ranged["layers"], ranged["share"]) == ("keys", "13-17", pytest.approx(0.5))
+    assert _row(rows, length=N, arm="splice:keys", metric="key")["layers"] == "all"
+    assert [r["arm"] for r in rows if r["metric"] == "key"] == ["splice:keys", "splice:keys@13-17", "splice:values"]
+    text = write_report(summary, tmp_path / "run", title="t").read_text()
+    assert f"| {N} | splice:keys@13-17 | 13-17 | key | 2 |" in text
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    results = render_results_md([tmp_path / "run"], tmp_path / "RESULTS.md", command="x").read_text()
+    assert "| 50 % (13-17: 50 %) |" in results
+
+
+def test_needle_row_oracle_is_paired_against_ridgefill(tmp_path):
+    scores = {"exact": (100, 100, 100, 100), "ridgefill": (0, 100, 0, 100),
+              "ridgefill+needle-rows": (100, 100, 100, 0), "ridgefill+needle-random": (0, 100, 0, 0)}
+    records = [{**_needle(4096, "t1", f"f{i}", arm, "filled", s, 500 + 100 * i), "exact_rows": 20 + i}
+               for arm, values in scores.items() for i, s in enumerate(values) if arm != "exact"]
+    records += [_needle(4096, "t1", f"f{i}", "exact", "filled", 100, 500 + 100 * i) for i in range(4)]
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    rows = summary["retrieval_diffs"]
+    oracle = _row(rows, length=4096, arm="ridgefill+needle-rows", vs="ridgefill")
+    assert (oracle["n"], oracle["diff"], oracle["b01"], oracle["b10"]) == (4, 25.0, 1, 2)
+    assert _row(rows, length=4096, arm="ridgefill+needle-random", vs="ridgefill")["diff"] == -25.0
+    assert _row(rows, length=4096, arm="ridgefill+needle-rows", vs="ridgefill+needle-random")["diff"] == 50.0
+    assert _row(rows, length=4096, arm="ridgefill+needle-rows", vs="exact")["diff"] == -25.0
+    # The rows the server ran, per arm (the exact arm reports none).
+    assert [(r["arm"], r["n"], r["mean"], r["min"], r["max"]) for r in summary["exact_rows"]] == [
+        (arm, 4, 21.5, 20, 23) for arm in ("ridgefill", "ridgefill+needle-rows", "ridgefill+needle-random")]
+    text = write_report(summary, tmp_path, title="t").read_text()
+    assert "| 4096 | ridgefill+needle-rows | 4 | 21.5 | 20 | 23 |" in text
+
+
+def test_retrieval_is_broken_down_by_haystack(tmp_path):
+    """noise: RidgeFill finds 1 of 4 needles, text: 3 of 4; exact finds all of them."""
+    ridgefill = {"noise": (100, 0, 0, 0), "text": (100, 100, 100, 0)}
+    records = []
+    for haystack, scores in ridgefill.items():
+        for i, score in enumerate(scores):
+            sample = f"t1/{haystack}/4096/{i}/0"
+            records.append({**_needle(4096, "t1", sample, "ridgefill", "filled", score, 500), "haystack": haystack})
+            records.append({**_needle(4096, "t1", sample, "exact", "filled", 100, 500), "haystack": haystack})
+        tail = f"t1/{haystack}/4096/9/0"
+        records += [{**_needle(4096, "t1", tail, arm, "tail", 100, 3500), "haystack": haystack}
+                    for arm in ("exact", "ridgefill")]
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    rows = summary["retrieval"]
+    assert _row(rows, length=4096, task="all", arm="ridgefill", region="filled")["mean"] == 50.0
+    noise = _row(rows, length=4096, task="all", haystack="noise", arm="ridgefill", region="filled")
+    assert (noise["n"], noise["mean"]) == (4, 25.0)
+    assert _row(rows, length=4096, task="all", haystack="text", arm="ridgefill", region="filled")["mean"] == 75.0
+    assert _row(rows, length=4096, task="all", haystack="text", arm="ridgefill", region="tail")["n"] == 1
+    assert not [r for r in rows if r["task"] != "all" and r["haystack"] != "all"]  # no task x haystack cross
+    diffs = summary["retrieval_diffs"]
+    assert _row(diffs, length=4096, arm="ridgefill", vs="exact")["diff"] == -50.0
+    assert _row(diffs, length=4096, haystack="noise", arm="ridgefill", vs="exact")["diff"] == -75.0
+    text_row = _row(diffs, length=4096, haystack="text", arm="ridgefill", vs="exact")
+    assert (text_row["n"], text_row["diff"], text_row["b01"]) == (4, -25.0, 1)
+
+    report = write_report(summary, tmp_path, title="t").read_text()
+    filled = report[report.index("## Needle retrieval, filled region"):report.index("## Needle retrieval, tail")]
+    assert "Per haystack (filled region" in filled
+    assert "| noise | ridgefill | 25.0 [" in filled and "| text | ridgefill | 75.0 [" in filled
+    tail = report[report.index("## Needle retrieval, tail"):report.index("## Paired retrieval")]
+    assert "| noise | ridgefill | 100.0 (1) |" in tail  # one sample: no interval
+    assert "| 4096 | noise | ridgefill | exact | 4 | -75.0 [" in report
+    conclusions = report.split("## What the numbers say")[1]
+    assert "- RidgeFill within 5 points of exact: **not met** (difference -50.0" in conclusions
+    assert "  - noise haystack: **not met** (difference -75.0" in conclusions
+    assert "  - text haystack: **not met** (difference -25.0" in conclusions
+    # Summaries written before the breakdown (rows without "haystack") still render.
+    old = {**summary, "retrieval": [{k: v for k, v in r.items() if k != "haystack"} for r in rows
+                                    if r["haystack"] == "all"],
+           "retrieval_diffs": [{k: v for k, v in r.items() if k != "haystack"} for r in diffs if r["haystack"] == "all"]}
+    again = write_report(old, tmp_path / "old", title="t").read_text()
+    assert "Per haystack" not in again and "| 4096 | all | ridgefill | exact | 8 | -50.0 [" in again
+
+
+def test_each_samples_scores_are_kept_for_comparisons_across_runs(summary):
+    samples = {(s["length"], s["task"], s["sample"]): s for s in summary["samples"]}
+    f3 = samples[(4096, "t1", "f3")]
+    assert f3["scores"]["ridgefill"] == 0.0 and f3["scores"]["exact"] == 100.0  # the later duplicate wins
+    assert (f3["haystack"], f3["region"], f3["prompt_sha"]) == ("essays", "filled", None)  # records without a hash
+    assert len(samples) == 2 * 6 + 2 * 2  # 4096: f0..f3, tl0, s0 per task; 8192: f0, f1 per task

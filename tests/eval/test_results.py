@@ -23,3 +23,60 @@ def test_report_only_rewrites_reports_from_raw_results_and_joins_them(tmp_path, 
     assert (docs / "results" / first / "summary.json").exists() and not (docs / "results" / second).exists()
     assert f"results/{first}/" in (docs / "RESULTS.md").read_text()
     assert not (runs / "maps").exists()  # nothing fitted, no server started
+
+
+def test_the_split_comparison_renders_from_partial_results_with_runs_not_made_as_not_run(tmp_path, capsys):
+    """A choose-split run stopped early (no stock check yet, two samples, no loss) still gets its report and
+    its row; the runs never started read "not run"."""
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    group = [r for r in results.RUNS if r.group == results.CHOOSE_SPLIT]
+    first = group[0]
+    meta = {"kind": "meta", "model": first.model, "split": first.split, "tail": 1024, "num_layers": 24,
+            "lengths": [4096], "map_kind": "residual", "rows_fraction": 0.1, "preset": "quality"}
+    needles = [{"kind": "needle", "length": 4096, "task": "niah_single", "haystack": "noise", "sample": f"s{i}",
+                "prompt_sha": f"h{i}", "arm": arm, "region": "filled", "depth": 0.2, "position": 800,
+                "score": 100.0 if arm == "exact" or i == 0 else 0.0, "output": " 1234568.", "answers": ["1234567"],
+                "seconds": 1.0} for i in range(2) for arm in ("exact", "ridgefill")]
+    (runs / first.name).mkdir(parents=True)
+    (runs / first.name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [meta, *needles]))
+
+    assert results.main(["--runs-dir", str(runs), "--docs", str(docs), "--only-group", results.CHOOSE_SPLIT,
+                         "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{r.name}: no results" in out for r in group[1:])
+    text = (docs / "RESULTS.md").read_text()
+    section = text[text.index("## Choosing the split"):]
+    assert f"| {first.model} | residual | 12/24 | 4096 | 2 | 100.0 [100.0, 100.0] | 50.0 [0.0, 100.0] | – |" in section
+    for run in group[1:]:
+        assert f"| {run.model} | {run.map_kind} | {run.split} | 4096 | not run |" in section
+    assert "Check not run" in (docs / "results" / first.name / "REPORT.md").read_text()
+
+
+def test_run_definitions_name_their_maps_kind_and_split():
+    group = {r.name: r for r in results.RUNS if r.group == results.CHOOSE_SPLIT}
+    assert {(r.map_kind, r.split) for r in group.values()} == {
+        ("residual", 12), ("residual", 14), ("residual", 16), ("normalised", 12), ("kv", 12), ("kv+context", 12)}
+    residual = [r for r in group.values() if r.map_kind == "residual"]
+    assert {r.maps_name() for r in residual} == {"qwen2.5-coder-0.5b-s12-14-16-200k"}  # one calibration pass
+    kv = group["qwen2.5-0.5b-kv-context-s12-q"]
+    assert kv.maps_name() == "qwen2.5-coder-0.5b-kv-context-s12-200k"
+    maps = results.pathlib.Path("/m")
+    assert kv.calibrate_command(maps)[4:] == ["--model", "qwen2.5-coder-0.5b", "--corpus", "builtin", "--splits", "12",
+                                              "--map-kind", "kv+context", "--max-tokens", "200000", "--out", "/m",
+                                              "--force"]
+    assert "--map-kind" not in residual[0].calibrate_command(maps)
+    assert all("--preset" in r.extra and "quality" in r.extra for r in group.values())
+    import pytest
+
+    with pytest.raises(ValueError, match="map kind 'linear' is not one of"):
+        results.Run("x", "m", (12,), 12, (4096,), map_kind="linear")
+    with pytest.raises(ValueError, match="split 14 is not among its maps' splits"):
+        results.Run("x", "m", (12,), 14, (4096,))
+
+
+def test_list_prints_each_runs_commands(tmp_path, capsys):
+    assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sgl_ridgefill.cli calibrate") == 6 and out.count("--preset quality") == 6
+    assert "--splits 12,14,16" in out and "--map-kind kv+context" in out
+    assert not (tmp_path / "maps").exists()

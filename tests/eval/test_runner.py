@@ -16,9 +16,12 @@ QWEN = {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, 
         "intermediate_size": 4864, "vocab_size": 151936}
 
 
-@pytest.mark.parametrize("arm", A.ALL_ARMS)
+SPANS = ((100, 104), (300, 302))  # a sample's needle spans: the needle-row arms' exact rows
+
+
+@pytest.mark.parametrize("arm", A.ALL_ARMS + ("splice:keys@13-17", "splice:values@18-23"))
 def test_every_arm_is_a_valid_request(arm):
-    custom = A.arm_params(arm, split=12, tail=1024, longtail=1200, seed=7)
+    custom = A.arm_params(arm, split=12, tail=1024, longtail=1200, seed=7, needle_spans=SPANS)
     params = parse_request_params(custom)
     assert params is not None
     if arm in (A.EXACT, A.CUT):
@@ -26,8 +29,55 @@ def test_every_arm_is_a_valid_request(arm):
     else:
         assert (params.split, params.tail) == (12, 1200 if arm == A.NOFILL_LONGTAIL else 1024)
         assert params.policy == (A.ROWS_POLICY if "+rows" in arm or arm == A.RIDGEFILL_RANDOM else "plain")
-    assert (params.control, params.seed) == (("random", 7) if arm == A.RIDGEFILL_RANDOM else ("none", 0))
-    assert params.splice == (arm.split(":")[1] if arm in A.SPLICE_ARMS else None)
+    random = arm in (A.RIDGEFILL_RANDOM, A.RIDGEFILL_NEEDLE_RANDOM)
+    assert (params.control, params.seed) == (("random", 7) if random else ("none", 0))
+    assert params.splice == (arm.split(":")[1] if arm.startswith("splice:") else None)
+    needle_rows = (100, 101, 102, 103, 300, 301)
+    assert params.exact_rows == (needle_rows if arm in A.NEEDLE_ROW_ARMS else None)
+
+
+def test_needle_row_arms_need_the_spans():
+    with pytest.raises(ValueError, match=r"ridgefill\+needle-rows arm needs the sample's needle spans"):
+        A.arm_params(A.RIDGEFILL_NEEDLE_ROWS, split=12, tail=1024)
+    assert A.needle_rows(((5, 8), (6, 10))) == [5, 6, 7, 8, 9]
+
+
+def test_default_splice_ranges_halve_the_filled_upper_layers():
+    assert A.splice_ranges(12, 24) == ((13, 17), (18, 23))  # layer 12 reads the exact split state
+    assert A.splice_ranges(14, 24) == ((15, 18), (19, 23))
+    assert A.splice_ranges(15, 30) == ((16, 22), (23, 29))
+    assert A.splice_ranges(22, 24) == ((23, 23),) and A.splice_ranges(23, 24) == ()
+
+
+def test_splice_layers_flag():
+    assert A.parse_splice_layers("auto", 12, 24) == ((13, 17), (18, 23))
+    assert A.parse_splice_layers("none", 12, 24) == ()
+    assert A.parse_splice_layers("13-15, 16-23,13-15,20", 12, 24) == ((13, 15), (16, 23), (20, 20))
+    with pytest.raises(ValueError, match="12-24 is outside the upper layers 12-23"):
+        A.parse_splice_layers("12-24", 12, 24)
+    with pytest.raises(ValueError, match="11-13 is outside"):
+        A.parse_splice_layers("11-13", 12, 24)
+    with pytest.raises(ValueError, match="'17-13' is not FIRST-LAST"):
+        A.parse_splice_layers("17-13", 12, 24)
+    with pytest.raises(ValueError, match="give FIRST-LAST ranges"):
+        A.parse_splice_layers(",", 12, 24)
+
+
+def test_per_layer_splices_join_the_key_splice():
+    ranges = ((13, 17), (18, 23))
+    arms = A.with_splice_ranges(A.parse_arms("all", A.LOSS_ARMS), ranges)
+    assert arms[-2:] == ("splice:keys@13-17", "splice:keys@18-23")
+    assert A.with_splice_ranges(("exact", "ridgefill"), ranges) == ("exact", "ridgefill")  # no splice:keys asked
+    listed = A.parse_arms("ridgefill,splice:values@13-17", A.LOSS_ARMS)
+    assert listed == ("exact", "ridgefill", "splice:values@13-17")
+    with pytest.raises(ValueError, match="unknown arm\\(s\\) splice:keys@13"):
+        A.parse_arms("splice:keys@13", A.LOSS_ARMS)  # arm names spell both ends
+    with pytest.raises(ValueError, match="unknown arm\\(s\\) splice:keys@13-17"):
+        A.parse_arms("splice:keys@13-17", A.NEEDLE_ARMS)  # needles have no splices
+    order = sorted(["cut", "splice:keys@18-23", "splice:values", "splice:keys", "splice:keys@13-17", "exact",
+                    "ridgefill+needle-rows", "ridgefill+random"], key=A.arm_sort_key)
+    assert order == ["exact", "ridgefill+random", "ridgefill+needle-rows", "splice:keys", "splice:keys@13-17",
+                     "splice:keys@18-23", "splice:values", "cut"]
 
 
 def test_unknown_arms_are_named():
@@ -110,3 +160,47 @@ def test_a_ridgefill_arm_the_server_ran_exactly_stops_the_run():
     _check_ran(A.EXACT, "s1", declined)  # the exact arm is meant to
     _check_ran(A.RIDGEFILL, "s1", {"meta_info": {"ridgefill": {"ran": True}}})
     _check_ran(A.RIDGEFILL, "s1", {"meta_info": {}})  # a server that does not report: the bit-identity check remains
+
+
+class _Client:
+    """Answers every request with ``text`` and ``ran`` as ``meta_info["ridgefill"]``."""
+
+    def __init__(self, text, ran):
+        self.text, self.ran, self.bodies = text, ran, []
+
+    def flush_cache(self):
+        pass
+
+    def generate(self, body):
+        self.bodies.append(body)
+        return {"text": self.text, "meta_info": {"ridgefill": self.ran}}
+
+
+def _sample(ids=tuple(range(64))):
+    from sgl_ridgefill.eval.needles import NeedleSample
+
+    return NeedleSample("niah_single/noise/64/0/0", "niah_single", "noise", 64, ids, ("1234567",), ((10, 14),),
+                        10 / 64, "filled", 32)
+
+
+def test_needle_records_carry_the_prompt_hash_and_the_rows_that_ran(tmp_path):
+    from sgl_ridgefill.eval.runner import EvalPlan, prompt_sha, run_needle
+
+    plan = EvalPlan(split=2, tail=16, lengths=(64,), needle_arms=A.NEEDLE_ARMS, loss_arms=(), longtail={64: 20})
+    store = ResultStore(tmp_path / "results.jsonl")
+    client = _Client(" 1234567.", {"ran": True, "exact": 4, "filled": 44})
+    sample = _sample()
+    run_needle(client, store, sample, A.RIDGEFILL_NEEDLE_ROWS, plan)
+    run_needle(client, store, sample, A.RIDGEFILL_NEEDLE_RANDOM, plan)
+    rows, random = (b["sampling_params"]["custom_params"]["ridgefill"] for b in client.bodies)
+    assert rows["exact_rows"] == random["exact_rows"] == [10, 11, 12, 13]
+    assert "control" not in rows and (random["control"], random["seed"]) == ("random", stable_seed(sample.id))
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r["score"], r["exact_rows"], r["filled_rows"]) for r in records] == [
+        (A.RIDGEFILL_NEEDLE_ROWS, 100.0, 4, 44), (A.RIDGEFILL_NEEDLE_RANDOM, 100.0, 4, 44)]
+    assert records[0]["prompt_sha"] == prompt_sha(sample.input_ids) == prompt_sha(list(sample.input_ids))
+    assert prompt_sha(_sample(tuple(range(1, 65))).input_ids) != records[0]["prompt_sha"]
+    # A server that does not report the rows leaves them out of the record.
+    run_needle(_Client("", None), store, sample, A.RIDGEFILL, plan)
+    last = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
+    assert "exact_rows" not in last and last["score"] == 0.0
