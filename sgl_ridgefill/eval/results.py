@@ -32,7 +32,6 @@ COMMAND = "python -m sgl_ridgefill.eval.results"
 CALIBRATION_TOKENS = 200_000
 RESIDUAL = "residual"  # the map kind of every maps folder written before kinds (manifest without map_kind)
 MAP_KINDS = (RESIDUAL, "normalised", "kv", "kv+context")
-MAP_KIND_FLAG = "--map-kind"  # `sgl-ridgefill calibrate`'s flag for the other kinds
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 
 
@@ -57,11 +56,19 @@ class Run:
         kind = "" if self.map_kind == RESIDUAL else self.map_kind.replace("+", "-") + "-"
         return f"{self.model}-{kind}s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
 
-    def calibrate_command(self, maps: pathlib.Path) -> list[str]:
-        kind = [] if self.map_kind == RESIDUAL else [MAP_KIND_FLAG, self.map_kind]
-        return [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate", "--model", self.model, "--corpus", "builtin",
-                "--splits", ",".join(map(str, self.splits)), *kind, "--max-tokens", str(CALIBRATION_TOKENS),
-                "--out", str(maps), "--force"]
+    def stats_name(self) -> str:
+        return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
+
+    def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path) -> list[list[str]]:
+        """The choose-split runs share one statistics pass holding every map kind (the same documents, so
+        their text-haystack prompts pair across kinds), then fit their kind; the others calibrate in one."""
+        cli = [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate"]
+        common = ["--model", self.model, "--corpus", "builtin", "--splits", ",".join(map(str, self.splits)),
+                  "--max-tokens", str(CALIBRATION_TOKENS)]
+        if self.group != CHOOSE_SPLIT:
+            return [[*cli, *common, "--out", str(maps), "--force"]]
+        return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
+                [*cli, "fit", "--stats", str(stats), "--kind", self.map_kind, "--out", str(maps), "--force"]]
 
     def eval_command(self, maps: pathlib.Path, out: pathlib.Path, *, report_only: bool = False) -> list[str]:
         return [sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", self.model, "--maps", str(maps),
@@ -105,7 +112,7 @@ RUNS = (
         group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-residual-s14-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 14, (4096,), _QUALITY, group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-residual-s16-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 16, (4096,), _QUALITY, group=CHOOSE_SPLIT),
-    *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", (12,), 12, (4096,), _QUALITY,
+    *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY,
           map_kind=kind, group=CHOOSE_SPLIT) for kind in MAP_KINDS[1:]),
 )
 
@@ -137,7 +144,8 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
         print(f"{run.name}: no results under {out} yet; skipped", flush=True)
         return None
     if not report_only and not (maps / "manifest.json").exists():
-        _sh(run.calibrate_command(maps))
+        for cmd in run.calibrate_commands(maps, runs_dir / "stats" / run.stats_name()):
+            _sh(cmd)
     _sh(run.eval_command(maps, out, report_only=report_only), ok=(0, _NO_CHECK) if report_only else (0,))
     target = docs / "results" / run.name
     target.mkdir(parents=True, exist_ok=True)
@@ -172,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for run in chosen:
             maps = args.runs_dir / "maps" / run.maps_name()
-            print(f"# {run.name}\n{shlex.join(run.calibrate_command(maps))}\n"
+            stats = args.runs_dir / "stats" / run.stats_name()
+            print(f"# {run.name}\n" + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
                   f"{shlex.join(run.eval_command(maps, args.runs_dir / run.name))}")
         return 0
     if not args.render_only:

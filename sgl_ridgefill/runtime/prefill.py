@@ -119,6 +119,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
             # Rows the maps were not fitted on (massive activations) run exactly.
             flagged = sink_rows(positions[:n_prefix], x_split[:n_prefix], **sink)
             st.sink_rows.extend(positions[:n_prefix][flagged].tolist())
+            if st.prefix_x is None:  # no selection: the sinks are the only exact prefix rows
+                st.sink_x.append(x_split[:n_prefix][flagged.to(x_split.device)])
     if n_prefix and st.prefix_x is not None:
         st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
     if n_prefix < n:
@@ -139,7 +141,9 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     all_pos = torch.cat([exact, tail_pos])
     x_rows = st.tail_x
     if exact.numel():
-        x_rows = torch.cat([st.prefix_x[exact - st.start].to(device, non_blocking=True), st.tail_x])
+        # Without a selection the exact rows are the sinks, in position order as they were kept.
+        x_exact = st.prefix_x[exact - st.start] if st.prefix_x is not None else torch.cat(st.sink_x)
+        x_rows = torch.cat([x_exact.to(device, non_blocking=True), st.tail_x])
     visible = None
     if plan.arm == "nofill":
         visible = torch.zeros(big_n, dtype=torch.bool, device=device)

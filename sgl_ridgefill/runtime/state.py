@@ -66,6 +66,7 @@ class RequestState:
     hidden_keys: torch.Tensor | None = None
     context: ContextState | None = None  # a kv+context fill's state after the last row it saw
     sink_rows: list[int] = field(default_factory=list)  # prefix rows the maps were not fitted on (run exactly)
+    sink_x: list[torch.Tensor] = field(default_factory=list)  # their split states when prefix_x is not kept
 
     @property
     def bound(self) -> bool:
@@ -110,6 +111,7 @@ class RequestState:
 
     def free_buffers(self) -> None:
         self.tail_x = self.prefix_x = self.context = None
+        self.sink_x = []
         self.queries.clear()
 
     def release(self) -> None:

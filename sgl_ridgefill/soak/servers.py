@@ -82,7 +82,7 @@ def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path
 def common_flags(served: ServedModel, chunk: int, context_length: int) -> list[str]:
     dtype = "float32" if served.tiny else "bfloat16"
     return ["--model-path", str(served.model), "--dtype", dtype, "--context-length", str(context_length),
-            "--max-total-tokens", "16384", "--mem-fraction-static", "0.25", "--chunked-prefill-size", str(chunk),
+            "--max-total-tokens", "16384", "--mem-fraction-static", "0.5", "--chunked-prefill-size", str(chunk),
             "--enable-metrics"]
 
 

@@ -59,12 +59,16 @@ def test_run_definitions_name_their_maps_kind_and_split():
     residual = [r for r in group.values() if r.map_kind == "residual"]
     assert {r.maps_name() for r in residual} == {"qwen2.5-coder-0.5b-s12-14-16-200k"}  # one calibration pass
     kv = group["qwen2.5-0.5b-kv-context-s12-q"]
-    assert kv.maps_name() == "qwen2.5-coder-0.5b-kv-context-s12-200k"
-    maps = results.pathlib.Path("/m")
-    assert kv.calibrate_command(maps)[4:] == ["--model", "qwen2.5-coder-0.5b", "--corpus", "builtin", "--splits", "12",
-                                              "--map-kind", "kv+context", "--max-tokens", "200000", "--out", "/m",
-                                              "--force"]
-    assert "--map-kind" not in residual[0].calibrate_command(maps)
+    assert kv.maps_name() == "qwen2.5-coder-0.5b-kv-context-s12-14-16-200k"
+    assert {r.stats_name() for r in group.values()} == {"qwen2.5-coder-0.5b-s12-14-16-200k"}  # one statistics pass
+    maps, stats = results.pathlib.Path("/m"), results.pathlib.Path("/s")
+    collect, fit = kv.calibrate_commands(maps, stats)
+    assert collect[4:] == ["stats", "--model", "qwen2.5-coder-0.5b", "--corpus", "builtin", "--splits", "12,14,16",
+                           "--max-tokens", "200000", "--kinds", "all", "--stats", "/s"]
+    assert fit[4:] == ["fit", "--stats", "/s", "--kind", "kv+context", "--out", "/m", "--force"]
+    old_run = next(r for r in results.RUNS if r.group != results.CHOOSE_SPLIT)
+    (one,) = old_run.calibrate_commands(maps, stats)
+    assert "--kind" not in one and "--kinds" not in one and one[-3:] == ["--out", "/m", "--force"]
     assert all("--preset" in r.extra and "quality" in r.extra for r in group.values())
     import pytest
 
@@ -77,6 +81,7 @@ def test_run_definitions_name_their_maps_kind_and_split():
 def test_list_prints_each_runs_commands(tmp_path, capsys):
     assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sgl_ridgefill.cli calibrate") == 6 and out.count("--preset quality") == 6
-    assert "--splits 12,14,16" in out and "--map-kind kv+context" in out
+    assert out.count("sgl_ridgefill.cli calibrate stats") == 6 and out.count("sgl_ridgefill.cli calibrate fit") == 6
+    assert out.count("--preset quality") == 6
+    assert "--splits 12,14,16" in out and "fit --stats" in out and "--kind kv+context" in out
     assert not (tmp_path / "maps").exists()

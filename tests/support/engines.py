@@ -14,9 +14,9 @@ from sgl_ridgefill.cpu.environment import cpu_environment
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ENGINE_TIMEOUT_S = 900
 # SGLang sizes the KV pool on CPU from the memory that loading the weights left of what was free before it;
-# other processes allocating meanwhile (a second engine, a parallel test) read as the weights' share. A
-# quarter tolerates that; --max-total-tokens keeps the pool itself small.
-MEM_FRACTION = 0.25
+# other processes allocating meanwhile (a second engine, a parallel test) read as the weights' share. Half
+# tolerates that; --max-total-tokens keeps the pool itself small.
+MEM_FRACTION = 0.5
 
 
 def cpu_engine_kwargs(model_path, **overrides) -> dict:
