@@ -149,7 +149,8 @@ class RidgeFillRuntime:
                     prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden)
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
                     logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
-                    st.fail(f"RidgeFill failed ({type(e).__name__}: {e}); this chunk ran exactly")
+                    st.fail(f"RidgeFill failed ({type(e).__name__}: {e}); this chunk ran exactly",
+                            chunk_start=int(fb.extend_prefix_lens_cpu[i]))
                     self._run_exact(backend, fb, [i], hidden)
                 if st.prefill_done or st.exact_reason is not None:
                     self._finish(fb.rids[i], st)

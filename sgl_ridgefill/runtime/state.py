@@ -105,8 +105,14 @@ class RequestState:
             self.exact_reason = reason
         self.free_buffers()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, *, chunk_start: int) -> None:
+        """The prefill raised in the chunk starting at ``chunk_start``, which then runs exactly. The rows
+        earlier chunks filled keep their filled KV (reported, never shared)."""
         self.failed = True
+        filled = max(chunk_start - self.start, 0) if self.bound and self.plan.arm != "nofill" else 0
+        if filled:
+            reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
+            self.stats["filled_before_failure"] = filled
         self.run_exact(reason)
 
     def free_buffers(self) -> None:
@@ -132,7 +138,10 @@ class RequestState:
     def summary(self) -> dict:
         """What ran, for the response's ``meta_info["ridgefill"]``."""
         if self.exact_reason is not None:
-            return {"ran": False, "reason": self.exact_reason}
+            out = {"ran": False, "reason": self.exact_reason}
+            if self.stats.get("filled_before_failure"):
+                out["filled_before_failure"] = self.stats["filled_before_failure"]
+            return out
         plan = self.plan
         out = {"ran": True, "arm": plan.arm, "split": plan.split, "tail": plan.tail, "cache_mode": plan.cache_mode}
         if plan.policy_name:

@@ -175,3 +175,26 @@ def test_live_requests_resolve_only_live_reqs():
     live.publish([req])
     assert live.state("r") is None  # no RidgeFill state: nothing to find
     assert live.req("r") is None
+
+
+def test_a_failure_after_earlier_filled_chunks_says_so():
+    """A prefill that raises runs that chunk exactly; the rows earlier chunks filled are named in the report
+    (a failure in the first chunk leaves nothing filled)."""
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def failed_at(chunk_start, arm="ridgefill"):
+        st = RequestState(plan=RequestPlan(arm=arm, split=2, tail=8))
+        st.bind(torch.arange(100), None)
+        st.start = 10
+        st.fail("RidgeFill failed (ValueError: x); this chunk ran exactly", chunk_start=chunk_start)
+        return st.summary()
+
+    first = failed_at(10)
+    assert first == {"ran": False, "reason": "RidgeFill failed (ValueError: x); this chunk ran exactly"}
+    later = failed_at(58)
+    assert later["ran"] is False and later["filled_before_failure"] == 48
+    assert later["reason"].endswith("the 48 prompt rows of earlier chunks keep their filled KV")
+    assert "filled_before_failure" not in failed_at(58, arm="nofill")
