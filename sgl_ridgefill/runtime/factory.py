@@ -19,6 +19,7 @@ import torch
 from ..attention.backends import advice
 from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability
 from ..config import ServerConfig
+from . import distributed
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import Admitter, ServerFacts
 from .prefill import SelectionResources
@@ -38,13 +39,11 @@ def unsupported_reason(runner: Any) -> str | None:
         return "draft model of speculative decoding"
     if sa is None:
         return None
+    layout = distributed.refusal(sa)
+    if layout is not None:
+        return layout
     checks = (
         (getattr(sa, "speculative_algorithm", None), f"speculative decoding ({getattr(sa, 'speculative_algorithm', '')}) is not supported"),
-        ((getattr(sa, "pp_size", 1) or 1) > 1, "pipeline parallelism is not supported"),
-        ((getattr(sa, "tp_size", 1) or 1) > 1, "tensor parallelism is not supported yet"),
-        (getattr(sa, "enable_dp_attention", False), "DP attention is not supported"),
-        (getattr(sa, "disaggregation_mode", "null") not in (None, "null"),
-         "prefill/decode disaggregation is not supported yet (filled KV would reach the decode worker)"),
         (getattr(sa, "enable_lora", False) or getattr(sa, "lora_paths", None), "LoRA adapters are not supported"),
         (getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None), f"quantised KV cache ({getattr(sa, 'kv_cache_dtype', '')}) is not supported"),
         (getattr(sa, "enable_deterministic_inference", False), "deterministic inference is not supported"),
@@ -83,7 +82,25 @@ def _disabled(config: ServerConfig, reason: str, num_layers: int = 0) -> RidgeFi
     return RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=num_layers, disabled=reason)))
 
 
+def _check_maps(runner: Any, adapter: ModelAdapter, maps_folder, tp: distributed.TensorParallel | None) -> list[str]:
+    """The maps folder's warnings against the served model's fingerprint (raises ``MapsError`` on a
+    mismatch). The fingerprint reads the first embedding rows and KV head 0, which tensor-parallel rank 0
+    holds: under TP rank 0 checks and every rank adopts its verdict."""
+    from ..maps import model_fingerprint
+
+    inner = adapter.model
+
+    def check() -> list[str]:
+        fingerprint = model_fingerprint(
+            runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight, adapter.fingerprint_layers()
+        )
+        return maps_folder.check_model(fingerprint)
+
+    return check() if tp is None else tp.from_first(check)
+
+
 def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
+    sa = getattr(runner, "server_args", None)
     reason = unsupported_reason(runner)
     if reason is not None:
         return _disabled(config, reason)
@@ -92,15 +109,17 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
     except UnsupportedModelError as e:
         return _disabled(config, str(e))
     inner = adapter.model
+    tp = distributed.TensorParallel.current()
+    if tp is not None:
+        from ..metrics import export_from_this_process
+
+        export_from_this_process(tp.first)  # every rank runs the same requests: rank 0 counts them
     maps_folder = maps = token_counts = None
     if config.maps:
-        from ..maps import load_maps, model_fingerprint
+        from ..maps import load_maps
 
         maps_folder = load_maps(config.maps)
-        fingerprint = model_fingerprint(
-            runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight, adapter.fingerprint_layers()
-        )
-        for warning in maps_folder.check_model(fingerprint):
+        for warning in _check_maps(runner, adapter, maps_folder, tp):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
     server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
@@ -110,6 +129,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
                          hidden_size=adapter.shape.hidden_size, compute_dtype=inner.embed_tokens.weight.dtype)
+        if tp is not None:  # one map kernel on every rank: the ranks' fills then agree bit for bit
+            maps.map_backends = tp.from_first(lambda: maps.map_backends)
     token_table = _token_table(runner)
     facts = ServerFacts(
         num_layers=adapter.shape.num_layers,
@@ -123,18 +144,18 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
     server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
     if server_policy is not None and server_policy.has_selection() and server_split is not None:
         admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
-    sa = getattr(runner, "server_args", None)
     chunk = getattr(sa, "chunked_prefill_size", None)
     rt = RidgeFillRuntime(
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
-        chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS,
+        chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
     )
     resident = maps.resident_bytes if maps is not None else 0
     logger.info(
-        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB policy=%s arm=%s split=%s tail=%s "
+        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s policy=%s arm=%s split=%s tail=%s "
         "cache=%s diagnostics=%s",
         type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
+        "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
         server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
         config.split or (server_policy.split if server_policy is not None else facts.default_split),
         config.tail or (server_policy.tail if server_policy is not None else "1024"),

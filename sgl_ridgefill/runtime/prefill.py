@@ -121,7 +121,12 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         splice_prefix(ctx, fb, i, st)
     probes = {req: run_probe(ctx, fb, i, st, req.rows) for req in _requirements(st) if _is_probe(req)}
     statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
+    if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
+        ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
+    if ctx.tp is not None and plan.has_selection:
+        exact, agree = ctx.tp.agree_rows(exact)  # every rank runs rank 0's rows: the passes are collectives
+        st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])
     x_rows = st.tail_x
