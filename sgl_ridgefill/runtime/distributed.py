@@ -110,7 +110,8 @@ def _int(sa: Any, name: str, default: int = 1) -> int:
 def refusal(sa: Any) -> str | None:
     """Why RidgeFill cannot serve SGLang's distributed layout ``sa`` (its ``ServerArgs``), or ``None``.
 
-    Tensor parallelism (any size, any number of nodes) is served."""
+    Tensor parallelism (any size, any number of nodes) and the prefill role of PD disaggregation are served;
+    the decode role is handled where the runtime is built (it runs no prefill)."""
     checks = (
         (_int(sa, "pp_size") > 1, "pipeline parallelism is not supported (each stage holds some of the layers; "
                                   "the fill writes every upper layer from the split state)"),
@@ -122,8 +123,8 @@ def refusal(sa: Any) -> str | None:
                                    "token across ranks)"),
         (_int(sa, "dp_size") > 1, "data-parallel replicas (--dp-size) are not supported yet (untested; run one "
                                   "server per replica)"),
-        (getattr(sa, "disaggregation_mode", "null") not in (None, "null"),
-         "prefill/decode disaggregation is not supported yet (filled KV would reach the decode worker)"),
+        (bool(getattr(sa, "enable_pd_role_switch", False)),
+         "PD role switching is not supported (a decode worker never runs RidgeFill)"),
     )
     for failed, reason in checks:
         if failed:

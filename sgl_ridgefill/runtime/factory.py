@@ -99,8 +99,14 @@ def _check_maps(runner: Any, adapter: ModelAdapter, maps_folder, tp: distributed
     return check() if tp is None else tp.from_first(check)
 
 
-def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
+def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
+    """The process's runtime; ``None`` on a PD decode worker, which runs no prefill (the KV it receives
+    says whether it was filled, ``disaggregation.py``)."""
     sa = getattr(runner, "server_args", None)
+    if getattr(sa, "disaggregation_mode", "null") == "decode":
+        logger.info("RidgeFill: PD decode worker; RidgeFill runs on the prefill workers, and filled KV received "
+                    "from them never enters this worker's radix cache")
+        return None
     reason = unsupported_reason(runner)
     if reason is not None:
         return _disabled(config, reason)
@@ -114,6 +120,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         from ..metrics import export_from_this_process
 
         export_from_this_process(tp.first)  # every rank runs the same requests: rank 0 counts them
+    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
     maps_folder = maps = token_counts = None
     if config.maps:
         from ..maps import load_maps
@@ -139,6 +146,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         default_split=maps_folder.default_split if maps_folder is not None else None,
         has_tokenizer=token_table is not None,
         has_token_counts=token_counts is not None,
+        pd_prefill=pd_prefill,
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
     server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
@@ -151,6 +159,9 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
     )
     resident = maps.resident_bytes if maps is not None else 0
+    if pd_prefill:
+        logger.info("RidgeFill on a PD prefill worker: a RidgeFill request's KV is sent once its prefill is "
+                    "complete; nofill requests run exact; cache mode no_insert")
     logger.info(
         "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s policy=%s arm=%s split=%s tail=%s "
         "cache=%s diagnostics=%s",
@@ -159,6 +170,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
         config.split or (server_policy.split if server_policy is not None else facts.default_split),
         config.tail or (server_policy.tail if server_policy is not None else "1024"),
+        "no_insert" if pd_prefill else
         config.cache_mode or (server_policy.cache_mode if server_policy is not None else "no_insert"),
         "on" if config.diagnostics else "off",
     )

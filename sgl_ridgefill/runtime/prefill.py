@@ -81,7 +81,7 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         return
     device = fb.input_ids.device
     st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
-    if st.plan.has_selection or st.plan.splice is not None:
+    if st.plan.has_selection or st.plan.splice is not None or st.exact_context > p0:
         # The new prefix rows' split states wait for the selection at the last chunk. On a GPU they wait in
         # host memory: they are the size of one layer's activations for the whole prompt, outside SGLang's
         # memory accounting.
@@ -124,7 +124,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
         ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
-    if ctx.tp is not None and plan.has_selection:
+    if ctx.tp is not None and (plan.has_selection or st.exact_context > st.start):
         exact, agree = ctx.tp.agree_rows(exact)  # every rank runs rank 0's rows: the passes are collectives
         st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)

@@ -93,7 +93,8 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
 
 
 def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any = None, token_counts=None) -> torch.Tensor:
-    """The request's exact rows: sorted unique positions in ``[start, B)``."""
+    """The request's exact rows: sorted unique positions in ``[start, B)`` (with every row below
+    ``st.exact_context``)."""
     from ..selectors.base import SelectionInputs
 
     plan, lo, hi = st.plan, st.start, st.boundary
@@ -115,4 +116,6 @@ def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any
         rows = torch.empty(0, dtype=torch.long)
     if plan.control == "random":
         rows = random_rows_between(int(rows.numel()), lo, hi, plan.seed)
+    if st.exact_context > lo:  # PD: the decode worker holds these rows exactly; so must the tail here
+        rows = torch.unique(torch.cat([rows, torch.arange(lo, min(st.exact_context, hi), dtype=torch.long)]))
     return rows

@@ -99,13 +99,14 @@ def _args(**kw):
     (dict(tp_size=2, attn_cp_size=2), "attention context parallelism is not supported"),
     (dict(dcp_size=2), "decode context parallelism is not supported"),
     (dict(dp_size=2), "data-parallel replicas"),
-    (dict(disaggregation_mode="prefill"), "prefill/decode disaggregation is not supported yet"),
+    (dict(enable_pd_role_switch=True), "PD role switching"),
 ])
 def test_refused_layouts(kw, words):
     assert words in refusal(_args(**kw))
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(tp_size=2), dict(tp_size=8)])
+@pytest.mark.parametrize("kw", [dict(), dict(tp_size=2), dict(tp_size=8), dict(disaggregation_mode="prefill"),
+                                dict(tp_size=2, disaggregation_mode="prefill")])
 def test_served_layouts(kw):
     assert refusal(_args(**kw)) is None
 
@@ -127,3 +128,4 @@ def test_real_server_args_are_refused_at_startup():
     assert "DP attention is not supported" in reason(tp_size=2, attn_dp_size=2)
     assert "DP attention is not supported" in reason(tp_size=2, dp_size=2, enable_dp_attention=True)
     assert reason(tp_size=2) is None
+    assert reason(disaggregation_mode="prefill") is None
