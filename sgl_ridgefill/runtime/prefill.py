@@ -124,8 +124,10 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
         ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
-    if ctx.tp is not None and (plan.has_selection or st.exact_context > st.start):
-        exact, agree = ctx.tp.agree_rows(exact)  # every rank runs rank 0's rows: the passes are collectives
+    if ctx.tp is not None:
+        # Every rank runs rank 0's rows: the passes below are collectives. Always exchanged, even when no rank
+        # can have selected any, so that no rank-local fact decides whether this collective runs.
+        exact, agree = ctx.tp.agree_rows(exact)
         st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])

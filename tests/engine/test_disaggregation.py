@@ -26,7 +26,7 @@ NEW = 4
 
 def _common(model) -> list[str]:
     return ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
-            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48"]
+            "--mem-fraction-static", "0.2", "--chunked-prefill-size", "48"]  # 0.2: see test_tensor_parallel.MEM
 
 
 def _ridgefill(model) -> list[str]:

@@ -30,6 +30,9 @@ BOUNDARY = N - TAIL
 COUNT = round(0.10 * BOUNDARY)
 NO_ROWS = 10**6  # exact_every beyond the prompt: the plain arm, no exact rows (the server policy selects)
 TP_ENV = parallel_environment(Layout(tp_size=2), base={})
+# The KV pool is capped by max_total_tokens; a larger fraction only tolerates other processes on a shared
+# machine taking memory while the weights load (SGLang checks the drop against this fraction).
+MEM = dict(mem_fraction_static=0.2)
 POLICY = f"""
 policy "tiny-tp" {{
   arm ridgefill
@@ -85,9 +88,9 @@ def runs(tiny_models, tmp_path_factory):
     steps = [step for _, step, _ in cases] + _off_steps({"enabled": False})
     names = [name for name, _ in _flatten(cases)]
     n = len(names)
-    tp2 = run_engine(cpu_engine_kwargs(model.path, **tp_engine_kwargs(2)), steps, {**rf_env, **TP_ENV})
-    tp1 = run_engine(cpu_engine_kwargs(model.path), steps, rf_env)
-    off = run_engine(cpu_engine_kwargs(model.path, **tp_engine_kwargs(2)), _off_steps(None), TP_ENV)
+    tp2 = run_engine(cpu_engine_kwargs(model.path, **MEM, **tp_engine_kwargs(2)), steps, {**rf_env, **TP_ENV})
+    tp1 = run_engine(cpu_engine_kwargs(model.path, **MEM), steps, rf_env)
+    off = run_engine(cpu_engine_kwargs(model.path, **MEM, **tp_engine_kwargs(2)), _off_steps(None), TP_ENV)
     expect = dict(_flatten(cases))
     return dict(model=model, expect=expect, tp2=dict(zip(names, tp2[:n])), tp1=dict(zip(names, tp1[:n])),
                 tp2_exact=tp2[n:], off=off)
@@ -148,13 +151,14 @@ def test_tp2_decode_reads_the_filled_cache(runs, case):
 
 
 def test_both_ranks_chose_the_same_exact_rows(runs):
-    """Every selecting request reports that both ranks chose identical rows (checked by gathering each
-    rank's rows before the exact pass), and as many as TP=1 chose."""
-    selecting = ["rows", "rows_identity", "exact_every", "batch[0]", "batch[2]"]
-    for case in selecting:
+    """Every RidgeFill request reports that both ranks chose identical rows (checked by gathering each
+    rank's rows before the exact pass); the selecting ones chose some, as many as TP=1 chose."""
+    for case in CASES:
         meta = runs["tp2"][case]["ridgefill"]
-        assert meta["tp_ranks"] == 2 and meta["tp_rows_agree"] is True, (case, meta)
-        assert meta["exact"] > 0
+        if meta["ran"]:
+            assert meta["tp_ranks"] == 2 and meta["tp_rows_agree"] is True, (case, meta)
+    for case in ["rows", "rows_identity", "exact_every", "batch[0]", "batch[2]"]:
+        assert runs["tp2"][case]["ridgefill"]["exact"] > 0
     assert runs["tp2"]["rows"]["ridgefill"]["exact"] == len(_policy_rows(runs["model"], runs["expect"]["rows"]["ids"]))
     assert "tp_ranks" not in runs["tp1"]["rows"]["ridgefill"]
 
@@ -179,7 +183,7 @@ def tp_server(tiny_models, tmp_path_factory):
     model = tiny_models("llama")
     log = tmp_path_factory.mktemp("tp-server") / "server.log"
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
-            "--mem-fraction-static", "0.05", "--chunked-prefill-size", "48", "--tp-size", "2",
+            "--mem-fraction-static", "0.2", "--chunked-prefill-size", "48", "--tp-size", "2",
             "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir), "--ridgefill-split", str(SPLIT),
             "--ridgefill-tail", str(TAIL), "--ridgefill-diagnostics"]
     serve_cpu = [sys.executable, "-m", "sgl_ridgefill.cli", "serve-cpu"]
