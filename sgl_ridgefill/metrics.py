@@ -13,6 +13,14 @@ if TYPE_CHECKING:
     from .runtime.state import RequestState
 
 
+# Tensor-parallel ranks other than 0 run the same requests as rank 0 and export nothing (no double counts).
+_EXPORTING = {"on": True}
+
+
+def export_from_this_process(on: bool) -> None:
+    _EXPORTING["on"] = on
+
+
 @functools.lru_cache(maxsize=1)
 def _counters():
     try:
@@ -35,7 +43,7 @@ def _counters():
 
 
 def record_request(st: RequestState) -> None:
-    counters = _counters()
+    counters = _counters() if _EXPORTING["on"] else None
     if counters is None:
         return
     arm, s = st.plan.arm, st.stats
@@ -47,6 +55,6 @@ def record_request(st: RequestState) -> None:
 
 
 def set_live_requests(count: int) -> None:
-    counters = _counters()
+    counters = _counters() if _EXPORTING["on"] else None
     if counters is not None:
         counters["live"].set(count)

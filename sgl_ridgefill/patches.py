@@ -3,12 +3,14 @@
 Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend,
 the per-request parameter check and the shape of ``meta_info["ridgefill"]`` in the tokenizer process
 (the server's own process loads plugins before it parses ``--prefill-backend``, so what runs there
-decides per request, not at registration). Only when ``--prefill-backend ridgefill``
+decides per request, not at registration), a PD decode worker's check of the KV it receives, and the
+Mooncake sender's CPU path. Only when ``--prefill-backend ridgefill``
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
 radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
-summaries; and the weight-update guard. Each hook's docstring says what SGLang does there, what
+summaries; the weight-update guard; and, on a PD prefill worker, the held-back KV sends, the descriptor in
+the metadata and the decode worker's prefix. Each hook's docstring says what SGLang does there, what
 RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks that
 every hook took effect and stops the process (a ``SystemExit`` is not swallowed) when one did not.
 """
@@ -49,10 +51,16 @@ MODEL_FORWARDS = (
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
 )
-ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, GENERATE)
+# Prefill/decode disaggregation (runtime/disaggregation.py).
+PD_SEND = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
+PD_DESCRIBE = "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf"
+PD_BOOTSTRAP = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap"
+PD_RECEIVE = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
+PD_CPU_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
+ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, GENERATE, PD_RECEIVE, PD_CPU_SENDER)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
-    REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
+    REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS, PD_SEND, PD_DESCRIBE, PD_BOOTSTRAP,
 )
 NAMESPACE_MARK = "|rf:"
 
@@ -79,7 +87,9 @@ def _reserved(value: Any) -> bool:
 def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``TokenizerManager._validate_one_request``: SGLang checks lengths; RidgeFill also checks the
     request's ``custom_params["ridgefill"]`` against the server's bounds, and refuses cache keys that
-    contain RidgeFill's namespace mark. A ``ValueError`` here becomes HTTP 400 for this request only."""
+    contain RidgeFill's namespace mark. A ``ValueError`` here becomes HTTP 400 for this request only. A PD
+    decode worker checks only that the parameters parse: the prefill worker runs RidgeFill and applies its
+    own settings."""
     from .config import config_for
     from .request_params import RequestParamError, parse_request_params
     from .runtime.admission import check_request_bounds
@@ -94,6 +104,8 @@ def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: A
     params = parse_request_params(custom)
     if params is None or params.wants_exact:
         return None
+    if getattr(getattr(manager, "server_args", None), "disaggregation_mode", "null") == "decode":
+        return None  # PD: the same body goes to the prefill worker, which runs RidgeFill and checks the rest
     config = config_for(manager)  # not the environment: ridgefill_engine restores it after the start
     if not config.enabled:
         raise RequestParamError(
@@ -123,6 +135,29 @@ def _register_attention_backend() -> None:
 
     if CPU_BACKEND not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([CPU_BACKEND])
+
+
+def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``DecodeTransferQueue._commit_transfer_to_req`` (a PD decode worker, RidgeFill on or off): SGLang
+    has received a request's KV and first token from the prefill worker; RidgeFill reads the descriptor a
+    RidgeFill prefill worker wrote into the spare metadata slots and keeps filled KV out of this worker's
+    radix cache, which holds exact KV that later exact requests reuse. Nothing changes for KV from a stock
+    prefill worker (no descriptor)."""
+    from .runtime.disaggregation import receive
+
+    receive(queue, decode_req)
+    return None
+
+
+def after_mooncake_sender_init(result: Any, sender: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``MooncakeKVSender.__init__`` (PD prefill workers): SGLang copies a chunk's page indices into
+    pinned host memory and records a CUDA event when the sender supports host tensor indices; on a CPU-only
+    machine (``SGLANG_USE_CPU_ENGINE``) there is no CUDA, so the sender takes SGLang's plain path instead."""
+    from sglang.srt.utils import is_cpu
+
+    if is_cpu():
+        sender.supports_host_tensor_indices = False
+    return None
 
 
 # ----------------------------------------------------------------------------- RidgeFill on
@@ -363,6 +398,41 @@ def after_weight_update(result: Any, manager: Any, *args: Any, **kwargs: Any) ->
     return None
 
 
+def around_send_kv_chunk(original, scheduler: Any, req: Any, last_chunk: bool = False, *args: Any, **kwargs: Any):
+    """AROUND ``SchedulerDisaggregationPrefillMixin.send_kv_chunk`` (PD prefill worker): SGLang ships each
+    chunk's KV to the decode worker as soon as the chunk ran (and a radix hit's KV even before); RidgeFill's
+    second sweep, in the last chunk, rewrites earlier chunks' upper-layer KV, so a RidgeFill request's
+    intermediate sends wait. SGLang moves its send cursor only when it sends: the last send ships it all."""
+    from .runtime.disaggregation import holds_back
+
+    if not last_chunk and holds_back(req):
+        return None
+    return original(scheduler, req, last_chunk, *args, **kwargs)
+
+
+def after_set_buf(result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``MetadataBuffers.set_buf`` (PD prefill worker, at a request's last send): SGLang fills the
+    request's metadata row (first token, cached-token counts in ``cached_tokens`` slots 0-6); RidgeFill
+    writes its descriptor (arm, filled or not, split, tail, row counts, namespace hash) into the spare
+    slots 7-15, which travel with it, so the decode worker knows whether the KV holds filled rows."""
+    from .runtime.disaggregation import write_descriptor
+
+    write_descriptor(buffers, req)
+    return None
+
+
+def after_finalize_bootstrap(result: Any, queue: Any, req: Any, *args: Any, **kwargs: Any):
+    """AFTER ``PrefillBootstrapQueue.finalize_bootstrap`` (PD prefill worker): SGLang learns how much of the
+    prompt the decode worker already holds (``decode_prefix_len``, its own radix hit) and sends only the
+    rest; RidgeFill makes those rows exact in this request's prefill too, so its tail attends to the KV the
+    decode worker will decode over."""
+    from .runtime.disaggregation import note_decode_prefix
+
+    if result:
+        note_decode_prefix(req)
+    return None
+
+
 # ----------------------------------------------------------------------------- registration
 def register_hooks(enabled: bool) -> tuple[str, ...]:
     """Register the hooks in order; returns the dotted targets that must be patched."""
@@ -371,6 +441,8 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
     HookRegistry.register(GENERATE, around_generate_request, HookType.AROUND)
+    HookRegistry.register(PD_RECEIVE, after_commit_transfer, HookType.AFTER)
+    HookRegistry.register(PD_CPU_SENDER, after_mooncake_sender_init, HookType.AFTER)
     _register_attention_backend()
     if not enabled:
         return ALWAYS_TARGETS
@@ -388,6 +460,9 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
         HookRegistry.register(target, after_weight_update, HookType.AFTER)
     for target in MODEL_FORWARDS:
         HookRegistry.register(target, around_model_forward, HookType.AROUND)
+    HookRegistry.register(PD_SEND, around_send_kv_chunk, HookType.AROUND)
+    HookRegistry.register(PD_DESCRIBE, after_set_buf, HookType.AFTER)
+    HookRegistry.register(PD_BOOTSTRAP, after_finalize_bootstrap, HookType.AFTER)
     return ALWAYS_TARGETS + ENABLED_TARGETS
 
 

@@ -3,23 +3,26 @@
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
 the PyTorch sampler, ``--sleep-on-idle``), then runs ``python -m sglang.launch_server`` with everything else
-passed through.
+passed through. ``--tp-size N`` and ``--disaggregation-mode prefill|decode`` get the CPU recipe of
+``parallel.py`` (core groups per rank, no NCCL, Mooncake over TCP pinned to the server's address).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from .environment import CPU_SERVER_ARGS, cpu_environment
+from .parallel import Layout, parallel_environment, parallel_flags
 
 
-def cpu_flags(argv: list[str]) -> list[str]:
-    """``argv`` plus every CPU default whose flag ``argv`` does not already set (``True`` defaults are
-    switches: the flag alone)."""
+def cpu_flags(argv: list[str], extra: Mapping[str, object] | None = None) -> list[str]:
+    """``argv`` plus every CPU default (and every ``extra`` flag) whose flag ``argv`` does not already set
+    (``True`` defaults are switches: the flag alone)."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     out = list(argv)
-    for key, value in CPU_SERVER_ARGS.items():
+    for key, value in {**CPU_SERVER_ARGS, **(extra or {})}.items():
         flag = "--" + key.replace("_", "-")
         if flag in given or value is False or value is None:
             continue
@@ -27,10 +30,16 @@ def cpu_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+def command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The ``sglang.launch_server`` command line and its environment for ``argv``."""
+    layout = Layout.from_argv(argv)
     env = cpu_environment()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_flags(argv)]
+    env.update(parallel_environment(layout))
+    return [sys.executable, "-m", "sglang.launch_server", *cpu_flags(argv, parallel_flags(layout))], env
+
+
+def main(argv: list[str] | None = None) -> None:
+    cmd, env = command(sys.argv[1:] if argv is None else argv)
     os.execvpe(cmd[0], cmd, env)
 
 

@@ -18,6 +18,11 @@ from ..config import DEFAULT_TAIL, ServerConfig
 from ..request_params import RequestParamError, parse_request_params, refuse_diagnostics
 from .plan import RequestPlan
 
+NOFILL_UNDER_PD = (
+    "the nofill arm runs exact on a PD prefill worker (its decode steps must hide the filled rows, which a "
+    "stock decode worker cannot)"
+)
+
 
 def check_request_bounds(params, config: ServerConfig) -> None:
     """Refuse (``RequestParamError``) what the operator does not let clients ask for: diagnostic keys and
@@ -54,6 +59,7 @@ class ServerFacts:
     nofill_refusal: str | None = None  # why this server cannot run the nofill arm (None: it can)
     visible_keys_refusal: str | None = None  # why it cannot hide keys from a sub-pass (nofill, the probe)
     disabled: str | None = None  # why RidgeFill cannot run at all in this process (None: it can)
+    pd_prefill: bool = False  # a PD prefill worker: the KV goes to a decode worker that runs no RidgeFill
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,8 @@ class Admitter:
         arm = pick("arm") or "ridgefill"
         if arm == "exact":
             return Admission(reason="the policy runs exact prefill")
+        if arm == "nofill" and facts.pd_prefill:
+            return Admission(reason=NOFILL_UNDER_PD)
         split = pick("split") or facts.default_split
         tail = pick("tail") or DEFAULT_TAIL
         num_layers = facts.num_layers
@@ -161,8 +169,10 @@ class Admitter:
         if use_policy is not None:
             self.check_policy(use_policy, split)
         cache_mode = pick("cache_mode") or "no_insert"
-        if arm == "nofill":
-            cache_mode = "no_insert"  # its upper layers hold nothing for the prefix: never shared
+        if arm == "nofill" or facts.pd_prefill:
+            # nofill: its upper layers hold nothing for the prefix, never shared. PD: the decode worker's
+            # radix cache holds exact KV only, so a prefix shared here from filled KV would not match there.
+            cache_mode = "no_insert"
         return Admission(
             plan=RequestPlan(
                 arm=arm,

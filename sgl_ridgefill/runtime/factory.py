@@ -19,6 +19,8 @@ import torch
 from ..attention.backends import advice
 from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability
 from ..config import ServerConfig
+from ..maps.kinds import MapKind
+from . import distributed
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import Admitter, ServerFacts
 from .prefill import SelectionResources
@@ -38,13 +40,11 @@ def unsupported_reason(runner: Any) -> str | None:
         return "draft model of speculative decoding"
     if sa is None:
         return None
+    layout = distributed.refusal(sa)
+    if layout is not None:
+        return layout
     checks = (
         (getattr(sa, "speculative_algorithm", None), f"speculative decoding ({getattr(sa, 'speculative_algorithm', '')}) is not supported"),
-        ((getattr(sa, "pp_size", 1) or 1) > 1, "pipeline parallelism is not supported"),
-        ((getattr(sa, "tp_size", 1) or 1) > 1, "tensor parallelism is not supported yet"),
-        (getattr(sa, "enable_dp_attention", False), "DP attention is not supported"),
-        (getattr(sa, "disaggregation_mode", "null") not in (None, "null"),
-         "prefill/decode disaggregation is not supported yet (filled KV would reach the decode worker)"),
         (getattr(sa, "enable_lora", False) or getattr(sa, "lora_paths", None), "LoRA adapters are not supported"),
         (getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None), f"quantised KV cache ({getattr(sa, 'kv_cache_dtype', '')}) is not supported"),
         (getattr(sa, "enable_deterministic_inference", False), "deterministic inference is not supported"),
@@ -83,7 +83,39 @@ def _disabled(config: ServerConfig, reason: str, num_layers: int = 0) -> RidgeFi
     return RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=num_layers, disabled=reason)))
 
 
-def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
+def maps_refusal(kind: MapKind, tp: distributed.TensorParallel | None) -> str | None:
+    """Why maps of ``kind`` cannot serve this process, or ``None``."""
+    if tp is not None and kind.predicts_kv:
+        return (f"{kind.name} maps predict K and V of every KV head, and this rank holds {tp.size}-way shards of "
+                "them: under tensor parallelism serve residual or normalised maps")
+    return None
+
+
+def _check_maps(runner: Any, adapter: ModelAdapter, maps_folder, tp: distributed.TensorParallel | None) -> list[str]:
+    """The maps folder's warnings against the served model's fingerprint (raises ``MapsError`` on a
+    mismatch). The fingerprint reads the first embedding rows and KV head 0, which tensor-parallel rank 0
+    holds: under TP rank 0 checks and every rank adopts its verdict."""
+    from ..maps import model_fingerprint
+
+    inner = adapter.model
+
+    def check() -> list[str]:
+        fingerprint = model_fingerprint(
+            runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight, adapter.fingerprint_layers()
+        )
+        return maps_folder.check_model(fingerprint)
+
+    return check() if tp is None else tp.from_first(check)
+
+
+def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
+    """The process's runtime; ``None`` on a PD decode worker, which runs no prefill (the KV it receives
+    says whether it was filled, ``disaggregation.py``)."""
+    sa = getattr(runner, "server_args", None)
+    if getattr(sa, "disaggregation_mode", "null") == "decode":
+        logger.info("RidgeFill: PD decode worker; RidgeFill runs on the prefill workers, and filled KV received "
+                    "from them never enters this worker's radix cache")
+        return None
     reason = unsupported_reason(runner)
     if reason is not None:
         return _disabled(config, reason)
@@ -92,15 +124,21 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
     except UnsupportedModelError as e:
         return _disabled(config, str(e))
     inner = adapter.model
+    tp = distributed.TensorParallel.current()
+    if tp is not None:
+        from ..metrics import export_from_this_process
+
+        export_from_this_process(tp.first)  # every rank runs the same requests: rank 0 counts them
+    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
     maps_folder = maps = token_counts = None
     if config.maps:
-        from ..maps import load_maps, model_fingerprint
+        from ..maps import load_maps
 
         maps_folder = load_maps(config.maps)
-        fingerprint = model_fingerprint(
-            runner.model.config.to_dict(), inner.embed_tokens.weight, inner.norm.weight, adapter.fingerprint_layers()
-        )
-        for warning in maps_folder.check_model(fingerprint):
+        refusal = maps_refusal(maps_folder.kind, tp)
+        if refusal is not None:
+            return _disabled(config, refusal)
+        for warning in _check_maps(runner, adapter, maps_folder, tp):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
     server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
@@ -109,7 +147,10 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
 
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
-                         hidden_size=adapter.shape.hidden_size, kv_dim=adapter.shape.kv_dim, compute_dtype=inner.embed_tokens.weight.dtype)
+                         hidden_size=adapter.shape.hidden_size, kv_dim=adapter.shape.kv_dim,
+                         compute_dtype=inner.embed_tokens.weight.dtype)
+        if tp is not None:  # one map kernel on every rank: the ranks' fills then agree bit for bit
+            maps.map_backends = tp.from_first(lambda: maps.map_backends)
     token_table = _token_table(runner)
     facts = ServerFacts(
         num_layers=adapter.shape.num_layers,
@@ -119,26 +160,31 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         default_split=maps_folder.default_split if maps_folder is not None else None,
         has_tokenizer=token_table is not None,
         has_token_counts=token_counts is not None,
+        pd_prefill=pd_prefill,
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
     server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
     if server_policy is not None and server_policy.has_selection() and server_split is not None:
         admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
-    sa = getattr(runner, "server_args", None)
     chunk = getattr(sa, "chunked_prefill_size", None)
     rt = RidgeFillRuntime(
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
-        chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS,
+        chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
     )
     resident = maps.resident_bytes if maps is not None else 0
+    if pd_prefill:
+        logger.info("RidgeFill on a PD prefill worker: a RidgeFill request's KV is sent once its prefill is "
+                    "complete; nofill requests run exact; cache mode no_insert")
     logger.info(
-        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB policy=%s arm=%s split=%s tail=%s "
+        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s policy=%s arm=%s split=%s tail=%s "
         "cache=%s diagnostics=%s",
         type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
+        "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
         server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
         config.split or (server_policy.split if server_policy is not None else facts.default_split),
         config.tail or (server_policy.tail if server_policy is not None else "1024"),
+        "no_insert" if pd_prefill else
         config.cache_mode or (server_policy.cache_mode if server_policy is not None else "no_insert"),
         "on" if config.diagnostics else "off",
     )

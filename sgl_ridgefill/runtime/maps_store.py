@@ -73,6 +73,17 @@ class MapsStore:
         return str(manifest.get("id") or manifest.get("files") or self.folder.path)
 
     @property
+    def map_backends(self) -> dict[int, str]:
+        """Per split, the map kernel measured fastest at construction."""
+        return dict(self._backends)
+
+    @map_backends.setter
+    def map_backends(self, backends: dict[int, str]) -> None:
+        """Use ``backends`` (another process's measurement, e.g. tensor-parallel rank 0's)."""
+        assert set(backends) == set(self._backends), (backends, self._backends)
+        self._backends = dict(backends)
+
+    @property
     def resident_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for parts in self._maps.values() for t in parts if torch.is_tensor(t))
 

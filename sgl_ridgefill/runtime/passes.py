@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     from .adapter import ModelAdapter
+    from .distributed import TensorParallel
     from .fill import Fill
     from .maps_store import MapsStore
 
@@ -45,7 +46,8 @@ class PassContext:
 
     ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per virtual request of the
     grouped mode (``None``: one virtual request per run of consecutive rows); ``max_virtual``: most virtual
-    requests per step on a backend without groups (bounds its per-step metadata).
+    requests per step on a backend without groups (bounds its per-step metadata); ``tp``: the
+    tensor-parallel group the selection agrees over (``None`` on one device).
     """
 
     adapter: ModelAdapter
@@ -57,6 +59,7 @@ class PassContext:
     chunk_rows: int
     group_size: int | None = None
     max_virtual: int = 256
+    tp: TensorParallel | None = None
 
     @property
     def grouped(self) -> bool:

@@ -87,7 +87,7 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         return
     device = fb.input_ids.device
     st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
-    if st.plan.has_selection or st.plan.splice is not None:
+    if st.plan.has_selection or st.plan.splice is not None or st.exact_context > p0:
         # The new prefix rows' split states wait for the selection at the last chunk. On a GPU they wait in
         # host memory: they are the size of one layer's activations for the whole prompt, outside SGLang's
         # memory accounting.
@@ -135,7 +135,14 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         splice_prefix(ctx, fb, i, st)
     probes = {req: run_probe(ctx, fb, i, st, req.rows) for req in _requirements(st) if _is_probe(req)}
     statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
+    if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
+        ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
+    if ctx.tp is not None:
+        # Every rank runs rank 0's rows: the passes below are collectives. Always exchanged, even when no rank
+        # can have selected any, so that no rank-local fact decides whether this collective runs.
+        exact, agree = ctx.tp.agree_rows(exact)
+        st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
     n_sinks = len(st.sink_rows)
     tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
     all_pos = torch.cat([exact, tail_pos])

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from ..config import ServerConfig
     from .adapter import ModelAdapter
+    from .distributed import TensorParallel
     from .maps_store import MapsStore
 
 logger = logging.getLogger("sgl_ridgefill")
@@ -44,7 +45,8 @@ def set_runtime(rt: RidgeFillRuntime | None) -> None:
 
 
 class RidgeFillRuntime:
-    """``chunk_rows``: SGLang's chunked-prefill budget, the most rows one upper-pass step runs."""
+    """``chunk_rows``: SGLang's chunked-prefill budget, the most rows one upper-pass step runs; ``tp``: this
+    process's tensor-parallel group (``None`` on one device)."""
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class RidgeFillRuntime:
         chunk_rows: int = 8192,
         group_size: int | None = GROUP_SIZE,
         live: LiveRequests = LIVE,
+        tp: TensorParallel | None = None,
     ):
         self.config = config
         self.adapter = adapter
@@ -66,6 +69,7 @@ class RidgeFillRuntime:
         self.chunk_rows = chunk_rows
         self.group_size = group_size
         self.live = live
+        self.tp = tp
         self._warned: dict[str, float] = {}
 
     @property
@@ -136,6 +140,7 @@ class RidgeFillRuntime:
             physical=fb.out_cache_loc_is_physical,
             chunk_rows=self.chunk_rows,
             group_size=self.group_size,
+            tp=self.tp,
         )
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)
@@ -172,6 +177,8 @@ class RidgeFillRuntime:
         req = self.live.req(rid)
         if req is not None:
             report(req, summary)
+        if self.tp is not None and not self.tp.first:
+            return  # every rank runs the same requests: rank 0 logs and counts them
         if st.exact_reason is not None:
             logger.debug("ridgefill rid=%s ran exact: %s", rid, st.exact_reason)
             return

@@ -94,7 +94,7 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
 
 def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any = None, token_counts=None) -> torch.Tensor:
     """The request's exact rows: sorted unique positions in ``[start, B)``; the sink rows of the fill
-    (``st.sink_rows``) are always among them."""
+    (``st.sink_rows``) are always among them, and every row below ``st.exact_context``."""
     from ..selectors.base import SelectionInputs
 
     plan, lo, hi = st.plan, st.start, st.boundary
@@ -121,4 +121,6 @@ def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any
         rows = random_rows_between(int(rows.numel()), lo, hi, plan.seed)
     if st.sink_rows:  # rows the maps were not fitted on: exact, outside any selection
         rows = torch.unique(torch.cat([rows, torch.tensor(st.sink_rows, dtype=torch.long)]))
+    if st.exact_context > lo:  # PD: the decode worker holds these rows exactly; so must the tail here
+        rows = torch.unique(torch.cat([rows, torch.arange(lo, min(st.exact_context, hi), dtype=torch.long)]))
     return rows

@@ -52,6 +52,8 @@ class RequestState:
     prompt_ids: torch.Tensor | None = None  # [N] int64, the final prompt; None until bound
     logprob_start: int | None = None  # first prompt row whose logprob the request wants
     start: int = -1  # rows already in KV when the prefill began (radix-cache hit); -1 until the first chunk
+    # PD: rows [0, exact_context) are exact on the decode worker (its own radix hit), so they run exact here too
+    exact_context: int = 0
     exact_reason: str | None = None  # why the request runs exactly after all (None: RidgeFill runs)
     prefill_done: bool = False
     failed: bool = False  # the prefill raised part-way: whatever it wrote is never shared

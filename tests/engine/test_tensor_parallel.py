@@ -1,0 +1,223 @@
+"""RidgeFill under tensor parallelism (``tp_size=2``) on CPU, in the offline engine and the server.
+
+One TP=2 engine and one TP=1 engine run the same requests: the ridgefill and identity arms, exact rows
+chosen by an attention-and-probe policy (statistics summed over the ranks' heads) and by ``exact_every``,
+nofill, value rescale, a mixed batch, chunked prefill (150 tokens in chunks of 48) and decode steps. TP=2
+must equal TP=1 (greedy tokens, logprobs within the CPU tolerance) and the PyTorch oracle, and both ranks
+must have chosen the same exact rows (``meta_info["ridgefill"]["tp_rows_agree"]``). Exact requests on the
+TP=2 RidgeFill engine equal a TP=2 engine with RidgeFill off, token for token and bit for bit. The server
+runs through ``sgl-ridgefill serve-cpu --tp-size 2`` and reports the maps' memory on each rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+import requests
+import torch
+
+from sgl_ridgefill.cpu.parallel import Layout, parallel_environment, tp_engine_kwargs
+from tests.engine.conftest import SPLIT, assert_top_close
+from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
+from tests.support.server import cpu_server
+
+pytestmark = pytest.mark.engine
+TAIL, N, Q, PROBE = 20, 150, 8, 8
+BOUNDARY = N - TAIL
+COUNT = round(0.10 * BOUNDARY)
+NO_ROWS = 10**6  # exact_every beyond the prompt: the plain arm, no exact rows (the server policy selects)
+TP_ENV = parallel_environment(Layout(tp_size=2), base={})
+# The KV pool is capped by max_total_tokens; a larger fraction only tolerates other processes on a shared
+# machine taking memory while the weights load (SGLang checks the drop against this fraction).
+MEM = dict(mem_fraction_static=0.2)
+POLICY = f"""
+policy "tiny-tp" {{
+  arm ridgefill
+  split {SPLIT}
+  tail {TAIL}
+  select attention_topk(q={Q}, share=10%, layers=[0, 1]) | top(probe(rows={PROBE}), 10%)
+}}
+"""
+
+
+def _cases():
+    p = [prompt(100 + s, N) for s in range(10)]
+    return [
+        ("ridgefill", request(p[0], {"exact_every": NO_ROWS}, max_new_tokens=3), dict(ids=p[0])),
+        ("identity", request(p[1], {"arm": "identity", "exact_every": NO_ROWS}, max_new_tokens=3),
+         dict(ids=p[1], arm="identity")),
+        ("rows", request(p[2], {}, max_new_tokens=3), dict(ids=p[2], rows="policy")),
+        ("rows_identity", request(p[3], {"arm": "identity"}), dict(ids=p[3], arm="identity", rows="policy")),
+        ("exact_every", request(p[4], {"exact_every": 7}, max_new_tokens=3), dict(ids=p[4], rows=7)),
+        ("nofill", request(p[5], {"arm": "nofill", "exact_every": NO_ROWS}, max_new_tokens=3),
+         dict(ids=p[5], arm="nofill")),
+        ("value_rescale", request(p[6], {"value_rescale": 8, "exact_every": NO_ROWS}), dict(ids=p[6], value_rescale=8)),
+        ("batch", [request(p[7], {}), request(p[8], {"enabled": False}), request(p[9], {"exact_every": 5})],
+         [dict(ids=p[7], rows="policy"), dict(ids=p[8], arm="exact"), dict(ids=p[9], rows=5)]),
+    ]
+
+
+OFF_PROMPTS = [prompt(200 + s, n) for s, n in enumerate((150, 97, 15))]
+
+
+def _off_steps(ridgefill):
+    return [request(ids, ridgefill, max_new_tokens=4, top=5) for ids in OFF_PROMPTS]
+
+
+def _flatten(cases):
+    out = []
+    for name, step, expect in cases:
+        if isinstance(step, list):
+            out.extend((f"{name}[{j}]", e) for j, e in enumerate(expect))
+        else:
+            out.append((name, expect))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, tmp_path_factory):
+    model = tiny_models("llama")
+    policy = tmp_path_factory.mktemp("tp") / "tiny-tp.rfpolicy"
+    policy.write_text(POLICY)
+    rf_env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir),
+              "RIDGEFILL_POLICY": str(policy), "RIDGEFILL_DIAGNOSTICS": "1"}
+    cases = _cases()
+    steps = [step for _, step, _ in cases] + _off_steps({"enabled": False})
+    names = [name for name, _ in _flatten(cases)]
+    n = len(names)
+    tp2 = run_engine(cpu_engine_kwargs(model.path, **MEM, **tp_engine_kwargs(2)), steps, {**rf_env, **TP_ENV})
+    tp1 = run_engine(cpu_engine_kwargs(model.path, **MEM), steps, rf_env)
+    off = run_engine(cpu_engine_kwargs(model.path, **MEM, **tp_engine_kwargs(2)), _off_steps(None), TP_ENV)
+    expect = dict(_flatten(cases))
+    return dict(model=model, expect=expect, tp2=dict(zip(names, tp2[:n])), tp1=dict(zip(names, tp1[:n])),
+                tp2_exact=tp2[n:], off=off)
+
+
+def _policy_rows(model, ids, arm: str = "ridgefill") -> list[int]:
+    attention = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(N - Q, N))[:BOUNDARY]
+    probe = model.ref.probe_scores(ids, split=SPLIT, tail=TAIL, rows=PROBE, arm=arm, maps=model.maps)
+    return sorted(set(torch.topk(attention, COUNT).indices.tolist()) | set(torch.topk(probe, COUNT).indices.tolist()))
+
+
+def _oracle_kwargs(model, expect) -> dict:
+    kw = {k: v for k, v in expect.items() if k not in ("ids", "rows")}
+    rows = expect.get("rows")
+    if rows == "policy":  # the probe runs over the request's own fill
+        kw["exact_rows"] = _policy_rows(model, expect["ids"], expect.get("arm", "ridgefill"))
+    elif isinstance(rows, int):
+        kw["exact_rows"] = list(range(rows - 1, BOUNDARY, rows))
+    return kw
+
+
+CASES = ["ridgefill", "identity", "rows", "rows_identity", "exact_every", "nofill", "value_rescale", "batch[0]",
+         "batch[1]", "batch[2]"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tp2_equals_tp1(runs, case):
+    a, b = runs["tp2"][case], runs["tp1"][case]
+    assert "error" not in a, a.get("error")
+    assert a["output_ids"] == b["output_ids"]
+    for x, y in zip(a["tops"], b["tops"]):
+        assert [t for _, t in x] == [t for _, t in y]
+        assert max(abs(p - q) for (p, _), (q, _) in zip(x, y)) < 1e-4, (x, y)
+    ra, rb = a["ridgefill"], b["ridgefill"]
+    assert ra["ran"] == rb["ran"]
+    if ra["ran"]:
+        assert (ra["filled"], ra["exact"], ra["tail"]) == (rb["filled"], rb["exact"], rb["tail"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tp2_matches_the_oracle(runs, case):
+    model, expect = runs["model"], runs["expect"][case]
+    got = runs["tp2"][case]
+    kw = _oracle_kwargs(model, expect)
+    assert_top_close(got, model.expected_top(expect["ids"], split=SPLIT, tail=TAIL, **kw))
+
+
+@pytest.mark.parametrize("case", ["ridgefill", "identity", "rows", "exact_every", "nofill"])
+def test_tp2_decode_reads_the_filled_cache(runs, case):
+    """Decode steps at TP=2 run the full model over each rank's share of the filled cache."""
+    model, expect = runs["model"], runs["expect"][case]
+    got = runs["tp2"][case]
+    ids = list(expect["ids"])
+    kw = _oracle_kwargs(model, expect)
+    for step in (1, 2):
+        ids.append(got["output_ids"][step - 1])
+        assert_top_close({"top": got["tops"][step]}, model.expected_top(ids, split=SPLIT, tail=TAIL + step, **kw))
+
+
+def test_both_ranks_chose_the_same_exact_rows(runs):
+    """Every RidgeFill request reports that both ranks chose identical rows (checked by gathering each
+    rank's rows before the exact pass); the selecting ones chose some, as many as TP=1 chose."""
+    for case in CASES:
+        meta = runs["tp2"][case]["ridgefill"]
+        if meta["ran"]:
+            assert meta["tp_ranks"] == 2 and meta["tp_rows_agree"] is True, (case, meta)
+    for case in ["rows", "rows_identity", "exact_every", "batch[0]", "batch[2]"]:
+        assert runs["tp2"][case]["ridgefill"]["exact"] > 0
+    assert runs["tp2"]["rows"]["ridgefill"]["exact"] == len(_policy_rows(runs["model"], runs["expect"]["rows"]["ids"]))
+    assert "tp_ranks" not in runs["tp1"]["rows"]["ridgefill"]
+
+
+def test_ridgefill_off_at_tp2_is_stock(runs):
+    """Exact requests on the TP=2 RidgeFill engine are bit-identical to a TP=2 engine with RidgeFill off."""
+    strip = [(r["output_ids"], r["logprobs"], r["tops"]) for r in runs["tp2_exact"]]
+    assert strip == [(r["output_ids"], r["logprobs"], r["tops"]) for r in runs["off"]]
+    assert all(r["ridgefill"] == {"ran": False, "reason": "the request asked for exact prefill"} for r in runs["tp2_exact"])
+
+
+def test_ridgefill_changes_the_output_at_tp2(runs):
+    """Guards the comparisons above against passing trivially."""
+    model, expect = runs["model"], runs["expect"]["ridgefill"]
+    exact = model.expected_top(expect["ids"], split=SPLIT, tail=TAIL, arm="exact")
+    assert abs(runs["tp2"]["ridgefill"]["top"][0][0] - exact[0][0]) > 1e-3
+
+
+# ----------------------------------------------------------------------------- server
+@pytest.fixture(scope="module")
+def tp_server(tiny_models, tmp_path_factory):
+    model = tiny_models("llama")
+    log = tmp_path_factory.mktemp("tp-server") / "server.log"
+    args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
+            "--mem-fraction-static", "0.2", "--chunked-prefill-size", "48", "--tp-size", "2",
+            "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir), "--ridgefill-split", str(SPLIT),
+            "--ridgefill-tail", str(TAIL), "--ridgefill-diagnostics"]
+    serve_cpu = [sys.executable, "-m", "sgl_ridgefill.cli", "serve-cpu"]
+    with cpu_server(args, log_path=str(log), command=serve_cpu) as url:
+        yield model, url, log
+
+
+def test_serve_cpu_sets_up_tensor_parallelism():
+    """``sgl-ridgefill serve-cpu --tp-size 2`` adds the CPU recipe: core groups per rank, no NCCL, one thread
+    per rank on two cores, no custom all-reduce."""
+    from sgl_ridgefill.cpu.launch_server import command
+
+    cmd, env = command(["--model-path", "m", "--tp-size", "2"])
+    assert "--disable-custom-all-reduce" in cmd and cmd[cmd.index("--tp-size") + 1] == "2"
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+    assert not os.path.exists(env["SGLANG_NCCL_SO_PATH"])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+
+
+@pytest.mark.slow  # a third TP=2 start; the engines above cover the same code path in CI
+def test_tp_server_matches_the_oracle_and_reports_memory_per_rank(tp_server):
+    model, url, log = tp_server
+    for j, (body, kw) in enumerate([({"arm": "identity"}, dict(arm="identity")), ({"exact_every": 7}, {}),
+                                    ({}, {})]):
+        ids = prompt(300 + j, N)
+        resp = requests.post(url + "/generate", json=request(ids, body, max_new_tokens=2), timeout=600)
+        assert resp.status_code == 200, resp.text
+        meta = resp.json()["meta_info"]
+        got = {"top": [[x[0], x[1]] for x in meta["output_top_logprobs"][0]]}
+        if "exact_every" in body:
+            kw = dict(exact_rows=list(range(6, BOUNDARY, 7)))
+            assert meta["ridgefill"]["tp_rows_agree"] is True and meta["ridgefill"]["tp_ranks"] == 2
+        assert meta["ridgefill"]["ran"] is True
+        assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, **kw))
+    text = log.read_text()
+    ranks = sorted(set(re.findall(r"RidgeFill on: .* resident=[\d.]+ MiB on TP rank (\d) of 2", text)))
+    assert ranks == ["0", "1"], text[-3000:]
