@@ -3,7 +3,9 @@
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
 the PyTorch sampler, ``--sleep-on-idle``), then runs ``python -m sglang.launch_server`` with everything else
-passed through.
+passed through. Without ``--dtype`` it adds this CPU's dtype (``dtype.py``: bfloat16 where its matmuls run
+natively, float32 elsewhere) and says which and why on its first line; ``--dtype auto`` is passed through to
+SGLang (the checkpoint's own dtype).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .environment import CPU_SERVER_ARGS, cpu_environment
 def cpu_flags(argv: list[str]) -> list[str]:
     """``argv`` plus every CPU default whose flag ``argv`` does not already set (``True`` defaults are
     switches: the flag alone)."""
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    given = _given(argv)
     out = list(argv)
     for key, value in CPU_SERVER_ARGS.items():
         flag = "--" + key.replace("_", "-")
@@ -27,10 +29,28 @@ def cpu_flags(argv: list[str]) -> list[str]:
     return out
 
 
+def _given(argv: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def dtype_flags(argv: list[str], log=None) -> list[str]:
+    """``argv`` plus ``--dtype D`` for this CPU when ``argv`` has no ``--dtype``; ``log`` gets the line
+    saying which dtype and why."""
+    if "--dtype" in _given(argv):
+        return list(argv)
+    from .dtype import choose_dtype
+
+    choice = choose_dtype()
+    if log is not None:
+        log(choice.line())
+    return [*argv, "--dtype", choice.dtype]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     env = cpu_environment()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_flags(argv)]
+    say = lambda line: print(f"[sgl-ridgefill] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_flags(dtype_flags(argv, say))]
     os.execvpe(cmd[0], cmd, env)
 
 

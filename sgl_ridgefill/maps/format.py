@@ -3,7 +3,8 @@
 A maps folder::
 
     manifest.json                  format, version, model and tokenizer fingerprints, splits, scores,
-                                   calibration summary, sha256 of every other file
+                                   calibration summary and dtype (``calibration_dtype``; absent in
+                                   older folders), sha256 of every other file
     maps-split{S}.safetensors      per upper layer l in [S, L):
                                      layer.{l}.A      [d_out, d_in] bf16            (quant "bf16")
                                      layer.{l}.A_q    [d_out, d_in] int8            (quant "int8")

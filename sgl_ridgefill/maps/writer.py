@@ -120,6 +120,7 @@ def write_maps_folder(
     calibration: Mapping[str, Any] | None = None,
     token_counts: torch.Tensor | None = None,
     stats_dir: str | os.PathLike[str] | None = None,
+    calibration_dtype: str | None = None,
     force: bool = False,
 ) -> pathlib.Path:
     """Write a complete maps folder and return its path.
@@ -129,7 +130,8 @@ def write_maps_folder(
     ``L - split`` layers and the same ``d_in``/``d_out``; ``quant``: ``"bf16"`` or ``"int8"`` (group-wise
     along ``d_in``, ``group_size`` columns per scale); ``calibration``: corpus summary for the manifest;
     ``token_counts``: ``[vocab]`` raw unigram counts; ``stats_dir``: where the sufficient statistics were
-    kept. Raises :class:`MapsError` if ``out_dir`` exists and ``force`` is false, ``ValueError`` on
+    kept; ``calibration_dtype``: the dtype the model ran in while the statistics were read (``"bfloat16"``
+    or ``"float32"``; the maps serve the model in either, since fingerprints round weights to bf16). Raises :class:`MapsError` if ``out_dir`` exists and ``force`` is false, ``ValueError`` on
     inconsistent inputs; on any failure nothing is left at ``out_dir``.
     """
     out_dir = pathlib.Path(out_dir)
@@ -193,6 +195,7 @@ def write_maps_folder(
             "default_split": default_split,
             "splits": entries,
             "calibration": dict(calibration) if calibration is not None else None,
+            "calibration_dtype": calibration_dtype,
             "stats_dir": str(pathlib.Path(stats_dir).resolve()) if stats_dir is not None else None,
             "token_counts": counts_entry,
             "files": files,
