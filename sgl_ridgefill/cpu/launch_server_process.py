@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 from .environment import cpu_environment
 
@@ -22,12 +23,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(
     flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None,
-    command: list[str] | None = None,
+    command: list[str] | None = None, on_start: Callable[[subprocess.Popen], None] | None = None,
 ):
     """Yield the base URL of ``python -m sgl_ridgefill.cpu.launch_server FLAGS``; stop it afterwards.
 
     ``env``: the server's whole environment (default: this process's, set up for CPU); ``command``: what
-    runs instead of the CPU launcher (``[python, "-m", "sglang.launch_server"]`` on a GPU machine)."""
+    runs instead of the CPU launcher (``[python, "-m", "sglang.launch_server"]`` on a GPU machine);
+    ``on_start``: called with the server process once it answers ``/health``."""
     import requests
 
     port = free_port()
@@ -50,6 +52,8 @@ def running_server(
             if time.time() > deadline:
                 raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
             time.sleep(2)
+        if on_start is not None:
+            on_start(proc)
         yield url
     finally:
         proc.terminate()
