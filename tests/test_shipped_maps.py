@@ -42,8 +42,9 @@ def test_shipped_maps_are_intact_and_fitted_as_the_demo_fits_them():
     assert manifest["model"]["layers"]["count"] == 24 and manifest["tokenizer"] is not None
     scores = manifest["splits"]["12"]["heldout"]
     assert scores["mean_r2"] > scores["mean_r2_identity"]
-    tokens = calibration["tokens"] // 1000
-    assert describe(manifest) == f"int8, split 12, {tokens}K tokens of builtin, fitted in {folder.calibration_dtype}"
+    assert describe(manifest) == (
+        f"int8, split 12, {calibration['tokens'] / 1000:.0f}K tokens of builtin, fitted in {folder.calibration_dtype}"
+    )
 
 
 def test_a_tampered_or_foreign_folder_does_not_fit(tmp_path):

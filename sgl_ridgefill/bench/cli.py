@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
              "--ridgefill-maps", str(args.ridgefill_maps), "--ridgefill-tail", str(args.tail),
              "--chunked-prefill-size", str(max(8192, longest)), "--max-total-tokens", str(longest + 4096),
-             "--mem-fraction-static", "0.3"]
+             "--mem-fraction-static", "0.6"]  # a ceiling: --max-total-tokens caps the KV pool (see demo.py)
     if args.split is not None:
         flags += ["--ridgefill-split", str(args.split)]
     started: list = []

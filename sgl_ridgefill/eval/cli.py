@@ -74,8 +74,9 @@ def add_subparser(subparsers) -> None:
 def _serving_settings(model_dir: pathlib.Path, max_len: int, dtype: str) -> dict[str, object]:
     """SGLang settings shared by the local servers (as flags) and the offline engines (as keywords): every
     prompt prefilled in one chunk (tail prompt logprobs under RidgeFill need it)."""
+    # float32 weights take twice the memory SGLang's CPU profile must find free after loading (demo.py).
     return {"model_path": str(model_dir), "dtype": dtype, "chunked_prefill_size": max_len,
-            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.2}
+            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.4 if dtype == "float32" else 0.2}
 
 
 def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str, object]:
