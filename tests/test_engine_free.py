@@ -18,6 +18,11 @@ _CORE = (
     ("sgl_ridgefill/calibration/solve.py", "sgl_ridgefill.calibration.solve"),
     ("sgl_ridgefill/calibration/stats.py", "sgl_ridgefill.calibration.stats"),
     ("sgl_ridgefill/bench/bounds.py", "sgl_ridgefill.bench.bounds"),
+    ("sgl_ridgefill/bench/machine.py", "sgl_ridgefill.bench.machine"),
+    ("sgl_ridgefill/bench/results.py", "sgl_ridgefill.bench.results"),
+    ("sgl_ridgefill/cpu/dtype.py", "sgl_ridgefill.cpu.dtype"),
+    ("sgl_ridgefill/cpu/sizing.py", "sgl_ridgefill.cpu.sizing"),
+    ("sgl_ridgefill/shipped_maps.py", "sgl_ridgefill.shipped_maps"),
 )
 _HOST = ("sglang", "sgl_kernel")
 

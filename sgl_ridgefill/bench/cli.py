@@ -4,9 +4,14 @@
         [--model-path DIR] [--split S | --ridgefill-maps DIR] [--tail T] [--exact-fraction F]
         [--rf-params JSON] [--warmup N] [--seed N] [--stream] [--no-flush] [--timeout S]
         [--server-pid PID]
+    sgl-ridgefill bench --serve MODEL --ridgefill-maps DIR [--dtype auto|bfloat16|float32] ...
+        --out 'docs/bench/{capability}-{dtype}'
 
-The server must run ``--prefill-backend ridgefill`` (requests switch per request). Prints one line per
-length and writes ``DIR/bench.json`` and ``DIR/bench.png``. User errors print one line and exit 1.
+The server must run ``--prefill-backend ridgefill`` (requests switch per request); ``--serve`` starts one on
+this CPU (``sgl_ridgefill.cpu.launch_server``) and stops it at the end. Prints one line per length and writes
+``DIR/bench.json`` (with the machine: CPU model, capability, native bfloat16, dtype, threads; and the
+command) and ``DIR/bench.png``; ``{capability}`` and ``{dtype}`` in ``--out`` become the measured ones
+(``avx512``, ``bfloat16``). User errors print one line and exit 1.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
         "their median TTFT with the layer-pass bound 1/r and a FLOP-counted bound.",
     )
     p.add_argument("--url", default=DEFAULT_URL, help=f"server address (default {DEFAULT_URL})")
+    p.add_argument("--serve", metavar="MODEL", default=None,
+                   help="start a RidgeFill server on this CPU for MODEL (a folder or a `sgl-ridgefill model` name) with "
+                   "--ridgefill-maps, instead of using --url")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="with --serve: the server's dtype (default auto: bfloat16 where this CPU has native bfloat16 "
+                   "matmuls, else float32)")
     p.add_argument("--lengths", type=_lengths, default=(2048, 4096, 8192), help="prompt lengths in tokens (default 2048,4096,8192)")
     p.add_argument("--pairs", type=int, default=3, help="exact/RidgeFill pairs per length (default 3)")
     p.add_argument("--model-path", type=pathlib.Path, default=None, help="HF folder for the model's shape (default: the server's model_path)")
@@ -71,7 +82,9 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--server-pid", type=int, default=None,
                    help="PID of a server on this machine: also record its processes' CPU seconds per request (Linux)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (default 1800)")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("ridgefill-bench"), help="folder for bench.json and bench.png (default ./ridgefill-bench)")
+    p.add_argument("--out", default="ridgefill-bench",
+                   help="folder for bench.json and bench.png; {capability} and {dtype} are replaced by this machine's "
+                   "(e.g. 'docs/bench/{capability}-{dtype}'; default ./ridgefill-bench)")
     p.set_defaults(func=run)
 
 
@@ -112,12 +125,57 @@ def resolve_split(split: int | None, maps: pathlib.Path | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.serve is None:
+        return _measure(args, args.url, server_pid=args.server_pid, served=None)
+    import contextlib
+
+    from ..cpu.dtype import choose_dtype
+    from ..cpu.launch_server_process import running_server
+
+    try:
+        if args.ridgefill_maps is None:
+            raise ValueError("--serve needs --ridgefill-maps (the maps the server fills with)")
+        resolve_split(args.split, args.ridgefill_maps)  # a maps folder without a manifest fails before the server starts
+        from ..models import resolve_model
+
+        model_dir = resolve_model(args.serve)
+    except ValueError as e:
+        print(f"sgl-ridgefill bench: error: {e}", file=sys.stderr)
+        return 1
+    dtype = choose_dtype(args.dtype)
+    print(dtype.line(), file=sys.stderr, flush=True)
+    longest = max(args.lengths)
+    flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
+             "--ridgefill-maps", str(args.ridgefill_maps), "--ridgefill-tail", str(args.tail),
+             "--chunked-prefill-size", str(max(8192, longest)), "--max-total-tokens", str(longest + 4096),
+             "--mem-fraction-static", "0.6"]  # a ceiling: --max-total-tokens caps the KV pool (see demo.py)
+    if args.split is not None:
+        flags += ["--ridgefill-split", str(args.split)]
+    started: list = []
+    from ..models.fetch import default_cache_dir
+
+    log = default_cache_dir() / "bench-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"starting the server (log: {log}) ...", file=sys.stderr, flush=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(running_server(flags, log_path=log, on_start=started.append))
+        except (RuntimeError, TimeoutError) as e:
+            print(f"sgl-ridgefill bench: error: {e}", file=sys.stderr)
+            return 1
+        if args.model_path is None:
+            args.model_path = model_dir
+        return _measure(args, url, server_pid=started[0].pid, served=dtype.dtype)
+
+
+def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, served: str | None) -> int:
     from .client import BenchClient, ServerError
+    from .machine import folder_name, machine_record, process_environment, served_dtype
     from .report import JSON_NAME, PNG_NAME, format_table, plot, report_dict, write_json
     from .runner import BenchConfig, run_bench
 
     try:
-        client = BenchClient(args.url, timeout=args.timeout)
+        client = BenchClient(url, timeout=args.timeout)
         info = client.model_info()
         dims, dims_source = resolve_dims(args.model_path, info)
         config = BenchConfig(
@@ -128,30 +186,77 @@ def run(args: argparse.Namespace) -> int:
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent
+        if served is None:
+            served = served_dtype(_server_info(client), _read_json(pathlib.Path(dims_source), "model config"))
+        server_env = process_environment(server_pid) if server_pid is not None else None
+        machine = machine_record(dtype=served, server_env=server_env, server_local=server_pid is not None)
+        out = pathlib.Path(args.out.format(capability=folder_name(machine).split("-")[0], dtype=machine["dtype"] or "unknown"))
         probe = None
-        if args.server_pid is not None:
+        if server_pid is not None:
             from .procstat import ServerCpu
 
-            probe = ServerCpu(args.server_pid)
+            probe = ServerCpu(server_pid)
+        print(f"machine: {machine['cpu_model']}; capability {machine['capability']}; native bfloat16 "
+              f"{'yes' if machine['native_bf16'] else 'no'}; dtype {machine['dtype']}; {machine['threads']} thread(s)",
+              file=sys.stderr, flush=True)
         load_before = os.getloadavg()
         records, summaries = run_bench(
             client, config, dims, progress=lambda m: print(m, file=sys.stderr, flush=True), cpu_probe=probe
         )
         load_after = os.getloadavg()
-    except (ServerError, ValueError) as e:
+    except (ServerError, ValueError, KeyError, IndexError) as e:
         print(f"sgl-ridgefill bench: error: {e}", file=sys.stderr)
         return 1
     print(format_table(summaries))
     if any(s.cache_hits for s in summaries):
         print("warning: some requests were served from the radix cache; their TTFT is not a full prefill", file=sys.stderr)
-    server = {"url": args.url, "model_path": info.get("model_path"), "shape_from": dims_source,
+    server = {"url": url, "model_path": info.get("model_path"), "shape_from": dims_source,
               "loadavg_before": load_before, "loadavg_after": load_after}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / JSON_NAME, report_dict(config, dims, records, summaries, server))
-    title = f"{pathlib.Path(str(info.get('model_path', ''))).name}  S={config.bound_split} T={config.bound_tail}"
-    plot(args.out / PNG_NAME, records, summaries, title=title)
-    print(f"wrote {args.out / JSON_NAME} and {args.out / PNG_NAME}")
+    out.mkdir(parents=True, exist_ok=True)
+    report = report_dict(config, dims, records, summaries, server)
+    report["machine"] = machine
+    report["command"] = command_line(args)
+    write_json(out / JSON_NAME, report)
+    title = f"{pathlib.Path(str(info.get('model_path', ''))).name}  S={config.bound_split} T={config.bound_tail}  {folder_name(machine)}"
+    plot(out / PNG_NAME, records, summaries, title=title)
+    print(f"wrote {out / JSON_NAME} and {out / PNG_NAME}")
     return 0
+
+
+def _server_info(client) -> dict[str, Any]:
+    """``GET /get_server_info``, or ``{}`` from a server without it."""
+    from .client import ServerError
+
+    try:
+        return client.get_json("/get_server_info")
+    except ServerError:
+        return {}
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``sgl-ridgefill bench`` command that reproduces this run (every setting that shapes it)."""
+    import shlex
+
+    words = ["sgl-ridgefill", "bench"]
+    if args.serve is not None:
+        words += ["--serve", str(args.serve), "--dtype", args.dtype]
+    else:
+        words += ["--url", args.url]
+    if args.ridgefill_maps is not None:
+        words += ["--ridgefill-maps", str(args.ridgefill_maps)]
+    words += ["--lengths", ",".join(map(str, args.lengths)), "--pairs", str(args.pairs)]
+    if args.split is not None:
+        words += ["--split", str(args.split)]
+    words += ["--tail", str(args.tail)]
+    if args.exact_fraction:
+        words += ["--exact-fraction", str(args.exact_fraction)]
+    if args.rf_params:
+        words += ["--rf-params", json.dumps(args.rf_params, separators=(",", ":"))]
+    if args.warmup != 1:
+        words += ["--warmup", str(args.warmup)]
+    words += [flag for flag, on in (("--stream", args.stream), ("--no-flush", not args.flush)) if on]
+    words += ["--out", args.out]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,12 +33,17 @@ def benchmark_pass(
     splits: tuple[int, ...] = (12,),
     docs: int = 8,
     doc_tokens: int = 2048,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Return timings (seconds, tokens/s, overheads) over ``docs`` documents' first ``doc_tokens`` tokens."""
+    """Return timings (seconds, tokens/s, overheads) over ``docs`` documents' first ``doc_tokens`` tokens;
+    ``dtype`` ``"auto"``: this CPU's (:func:`sgl_ridgefill.cpu.dtype.choose_dtype`)."""
+    from sgl_ridgefill.cpu.dtype import choose_dtype
     from sgl_ridgefill.models import resolve_model
 
+    choice = choose_dtype(dtype)
+    print(choice.line(), file=sys.stderr, flush=True)
+    dtype = choice.dtype
     model_dir = resolve_model(model)
     hf_model, tokenizer, config = load_model(model_dir, dtype)
     num_layers, d = int(config["num_hidden_layers"]), int(config["hidden_size"])
@@ -84,6 +89,7 @@ def benchmark_pass(
         "calibration_tokens_per_s": round(tokens / (capture + accumulate), 1),
         "accumulate_overhead": round(accumulate / plain, 4),
         "calibration_vs_plain": round((capture + accumulate) / plain, 4),
+        "dtype": dtype,
         "threads": torch.get_num_threads(),
         "peak_memory_mib": round(peak_memory_mib(), 1),
     }
@@ -96,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", default="12", help="comma-separated")
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--doc-tokens", type=int, default=2048)
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="default auto: bfloat16 where this CPU has native bfloat16 matmuls, else float32")
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     try:

@@ -3,7 +3,8 @@ pass alone, for several map kinds; ``calibrate fit`` (or ``resolve``): solve sav
 
     sgl-ridgefill calibrate --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --out DIR
         [--kind residual|normalised|kv|kv+context] [--lambda auto|FLOAT] [--max-tokens N] [--doc-tokens N]
-        [--heldout-docs N] [--quant bf16|int8] [--stats DIR] [--force]
+        [--heldout-docs N] [--quant bf16|int8] [--dtype auto|bfloat16|float32]
+        [--stats DIR] [--force]
     sgl-ridgefill calibrate stats --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --stats DIR
         [--kinds residual,kv+context|all] [--max-tokens N] ... [--force]
     sgl-ridgefill calibrate fit --stats DIR --out DIR [--kind KIND] [--lambda auto|FLOAT] [--quant ...] [--force]
@@ -120,7 +121,9 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
     parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
     parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="model dtype for the pass")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="model dtype for the pass (default auto: bfloat16 where this CPU has native bfloat16 "
+                        "matmuls, float32 elsewhere; the maps serve the model in either dtype)")
     parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
     parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from sgl_ridgefill.cpu.dtype import CHOICES as DTYPES
 from sgl_ridgefill.maps.format import QUANTS
 from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS
 
 # Scale-free ridge penalties tried on held-out documents (the seeds chose 0.03, 0.01 and 0.003).
 LAMBDA_GRID: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
-DTYPES = ("bfloat16", "float32")
 
 
 class CalibrationError(ValueError):
@@ -34,7 +34,9 @@ class CalibrationConfig:
     read from one training document at most (the rest of a long document is left unread, so one book
     cannot crowd out the others); ``min_doc_tokens``: shorter
     documents (and trailing pieces) are skipped; ``heldout_docs``: whole documents kept out of the fit to
-    choose ``lam`` and score the maps; ``checkpoint_seconds``: how often statistics are saved for resume.
+    choose ``lam`` and score the maps; ``checkpoint_seconds``: how often statistics are saved for resume;
+    ``dtype``: the model's dtype for the pass, ``"auto"`` for this CPU's (:mod:`sgl_ridgefill.cpu.dtype`:
+    bfloat16 where its matmuls run natively, float32 elsewhere).
     """
 
     model: str
@@ -52,7 +54,7 @@ class CalibrationConfig:
     stats_dir: pathlib.Path | None = None
     force: bool = False
     seed: int = 0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     checkpoint_seconds: float = 120.0
     progress: bool = True
     # Map kinds (maps/kinds.py) whose statistics the pass accumulates; `calibrate` fits the first.

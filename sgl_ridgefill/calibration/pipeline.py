@@ -119,6 +119,7 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
 
 def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[StatsState, pathlib.Path, dict[str, Any]]:
     """Run (or resume) the statistics pass of ``config`` for its map kinds: ``(state, stats folder, pass timing)``."""
+    from sgl_ridgefill.cpu.dtype import choose_dtype
     from sgl_ridgefill.models import resolve_model
 
     from .capture import load_model, read_config
@@ -139,8 +140,10 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     hf_config = read_config(model_dir)
     num_layers = int(hf_config["num_hidden_layers"])
     config.check_splits(num_layers, f"model {model_dir}")
-    log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {config.dtype}")
-    model, tokenizer, hf_config = load_model(model_dir, config.dtype)
+    dtype = choose_dtype(config.dtype)  # said first, once the inputs are known to be valid
+    log(dtype.line())
+    log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {dtype.dtype}")
+    model, tokenizer, hf_config = load_model(model_dir, dtype.dtype)
     d = int(hf_config["hidden_size"])
     run = {
         "model": _hf_fingerprint(model, hf_config),
@@ -158,7 +161,7 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
         "min_doc_tokens": config.min_doc_tokens,
         "heldout_docs": config.heldout_docs,
         "seed": config.seed,
-        "dtype": config.dtype,
+        "dtype": dtype.dtype,
     }
     stats_dir = config.resolved_stats_dir
     state = _open_state(stats_dir, run, config.force, log)
@@ -215,6 +218,17 @@ def resolve(
                             group_size=group_size, force=force, extra={"_started": time.perf_counter()}, log=log)
 
 
+def model_folder_fingerprints(model_dir: pathlib.Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model, tokenizer)`` fingerprints of the HF folder ``model_dir``, as a maps folder records them.
+
+    The model is loaded in bfloat16 (no matmul runs; the fingerprint rounds weights to bf16 anyway, so it is
+    the same for any dtype the model is served or calibrated in)."""
+    from .capture import load_model
+
+    hf_model, tokenizer, hf_config = load_model(model_dir, "bfloat16")
+    return _hf_fingerprint(hf_model, hf_config), tokenizer_fingerprint(tokenizer)
+
+
 def fingerprint(maps_dir: pathlib.Path, model: str, *, force: bool = False, log: Log = _stderr) -> pathlib.Path:
     """Record the fingerprints of ``model`` (a folder or known name) in the existing maps folder ``maps_dir``.
 
@@ -223,12 +237,9 @@ def fingerprint(maps_dir: pathlib.Path, model: str, *, force: bool = False, log:
     """
     from sgl_ridgefill.models import resolve_model
 
-    from .capture import load_model
-
     model_dir = resolve_model(model)
-    hf_model, tokenizer, hf_config = load_model(model_dir, "bfloat16")  # the fingerprint is dtype-independent
+    model_fp, tokenizer_fp = model_folder_fingerprints(model_dir)
     try:
-        model_fp, tokenizer_fp = _hf_fingerprint(hf_model, hf_config), tokenizer_fingerprint(tokenizer)
         warnings = refingerprint_maps_folder(maps_dir, model=model_fp, tokenizer=tokenizer_fp, force=force)
     except MapsError as exc:
         raise CalibrationError(str(exc)) from None
@@ -291,7 +302,8 @@ def _solve_and_write(
         write_maps_folder(
             out_dir, maps, model=state.run["model"], tokenizer=state.run["tokenizer"], quant=quant,
             group_size=group_size, default_split=splits[0], calibration=calibration,
-            token_counts=state.token_counts, stats_dir=stats_dir, map_kind=kind, sink=state.run["sink"], force=force,
+            token_counts=state.token_counts, stats_dir=stats_dir, map_kind=kind, sink=state.run["sink"],
+            calibration_dtype=state.run["dtype"], force=force,
         )
     except MapsError as exc:
         raise CalibrationError(str(exc)) from None

@@ -3,8 +3,10 @@
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
 the PyTorch sampler, ``--sleep-on-idle``), then runs ``python -m sglang.launch_server`` with everything else
-passed through. ``--tp-size N`` and ``--disaggregation-mode prefill|decode`` get the CPU recipe of
-``parallel.py`` (core groups per rank, no NCCL, Mooncake over TCP pinned to the server's address).
+passed through. Without ``--dtype`` it adds this CPU's dtype (``dtype.py``: bfloat16 where its matmuls run
+natively, float32 elsewhere) and says which and why on its first line; ``--dtype auto`` is passed through to
+SGLang (the checkpoint's own dtype). ``--tp-size N`` and ``--disaggregation-mode prefill|decode`` get the CPU
+recipe of ``parallel.py`` (core groups per rank, no NCCL, Mooncake over TCP pinned to the server's address).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .parallel import Layout, parallel_environment, parallel_flags
 def cpu_flags(argv: list[str], extra: Mapping[str, object] | None = None) -> list[str]:
     """``argv`` plus every CPU default (and every ``extra`` flag) whose flag ``argv`` does not already set
     (``True`` defaults are switches: the flag alone)."""
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    given = _given(argv)
     out = list(argv)
     for key, value in {**CPU_SERVER_ARGS, **(extra or {})}.items():
         flag = "--" + key.replace("_", "-")
@@ -30,16 +32,36 @@ def cpu_flags(argv: list[str], extra: Mapping[str, object] | None = None) -> lis
     return out
 
 
-def command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The ``sglang.launch_server`` command line and its environment for ``argv``."""
+def _given(argv: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def dtype_flags(argv: list[str], log=None) -> list[str]:
+    """``argv`` plus ``--dtype D`` for this CPU when ``argv`` has no ``--dtype``; ``log`` gets the line
+    saying which dtype and why."""
+    if "--dtype" in _given(argv):
+        return list(argv)
+    from .dtype import choose_dtype
+
+    choice = choose_dtype()
+    if log is not None:
+        log(choice.line())
+    return [*argv, "--dtype", choice.dtype]
+
+
+def command(argv: list[str], log=None) -> tuple[list[str], dict[str, str]]:
+    """The ``sglang.launch_server`` command line and its environment for ``argv`` (``log``: as for
+    :func:`dtype_flags`)."""
     layout = Layout.from_argv(argv)
     env = cpu_environment()
     env.update(parallel_environment(layout))
-    return [sys.executable, "-m", "sglang.launch_server", *cpu_flags(argv, parallel_flags(layout))], env
+    flags = cpu_flags(dtype_flags(argv, log), parallel_flags(layout))
+    return [sys.executable, "-m", "sglang.launch_server", *flags], env
 
 
 def main(argv: list[str] | None = None) -> None:
-    cmd, env = command(sys.argv[1:] if argv is None else argv)
+    say = lambda line: print(f"[sgl-ridgefill] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    cmd, env = command(sys.argv[1:] if argv is None else argv, say)
     os.execvpe(cmd[0], cmd, env)
 
 

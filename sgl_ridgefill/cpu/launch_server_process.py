@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 from .environment import cpu_environment
 
@@ -85,12 +86,15 @@ class ServerProcess:
 @contextlib.contextmanager
 def running_server(
     flags: list[str], *, log_path: pathlib.Path | None = None, timeout: float = 900, env: dict | None = None,
-    command: list[str] | None = None,
+    command: list[str] | None = None, on_start: Callable[[subprocess.Popen], None] | None = None,
 ):
-    """Yield the base URL of a :class:`ServerProcess`; stop it afterwards."""
+    """Yield the base URL of a :class:`ServerProcess`; stop it afterwards. ``on_start``: called with the
+    server process once it answers ``/health``."""
     server = ServerProcess(flags, log_path=log_path, env=env, command=command).start()
     try:
         server.wait_ready(timeout)
+        if on_start is not None:
+            on_start(server.proc)
         yield server.url
     finally:
         server.stop()

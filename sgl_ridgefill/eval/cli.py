@@ -70,6 +70,9 @@ def add_subparser(subparsers) -> None:
                         "24; none: no per-layer splice)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="model dtype of the local servers or engines (default auto: bfloat16 where this CPU has native "
+                   "bfloat16 matmuls, float32 elsewhere; on a GPU, bfloat16)")
     p.add_argument("--engine", action="store_true",
                    help="offline: run sglang.Engine in this process (stock first, for the check, then RidgeFill) instead of servers")
     p.add_argument("--n-resamples", type=int, default=5000, help="bootstrap resamples (default 5000)")
@@ -77,11 +80,12 @@ def add_subparser(subparsers) -> None:
     p.set_defaults(func=_main)
 
 
-def _serving_settings(model_dir: pathlib.Path, max_len: int) -> dict[str, object]:
+def _serving_settings(model_dir: pathlib.Path, max_len: int, dtype: str) -> dict[str, object]:
     """SGLang settings shared by the local servers (as flags) and the offline engines (as keywords): every
     prompt prefilled in one chunk (tail prompt logprobs under RidgeFill need it)."""
-    return {"model_path": str(model_dir), "dtype": "bfloat16", "chunked_prefill_size": max_len,
-            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.2}
+    # float32 weights take twice the memory SGLang's CPU profile must find free after loading (demo.py).
+    return {"model_path": str(model_dir), "dtype": dtype, "chunked_prefill_size": max_len,
+            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.4 if dtype == "float32" else 0.2}
 
 
 def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str, object]:
@@ -92,9 +96,9 @@ def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str
             "diagnostics": True}
 
 
-def _server_flags(model_dir: pathlib.Path, max_len: int) -> list[str]:
+def _server_flags(model_dir: pathlib.Path, max_len: int, dtype: str) -> list[str]:
     flags = []
-    for key, value in _serving_settings(model_dir, max_len).items():
+    for key, value in _serving_settings(model_dir, max_len, dtype).items():
         flags += ["--" + key.replace("_", "-"), str(value)]
     return flags
 
@@ -117,7 +121,7 @@ def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     from ..cpu.environment import cpu_environment
     from ..cpu.launch_server_process import running_server
 
-    base = _server_flags(model_dir, max_len)
+    base = _server_flags(model_dir, max_len, args.resolved_dtype)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
     rf_flags = base + cli_flags({"prefill_backend": "ridgefill", **_ridgefill_settings(args, split, policy_file)})
     with contextlib.ExitStack() as stack:
@@ -145,7 +149,7 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     from .engine_client import engine_kwargs, running_engine
     from .runner import fingerprints
 
-    kwargs = engine_kwargs(_serving_settings(model_dir, max_len), cpu=cpu)
+    kwargs = engine_kwargs(_serving_settings(model_dir, max_len, args.resolved_dtype), cpu=cpu)
     stock = None
     if check_prompts is not None:
         print("starting the stock engine ...", flush=True)
@@ -155,6 +159,25 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     options = engine_keywords(_ridgefill_settings(args, split, policy_file))
     with running_engine(kwargs, options, "RidgeFill engine") as engine:
         yield engine, stock
+
+
+def _dtype(args) -> str:
+    """The model dtype of the servers or engines this command starts, printed with the reason first. A GPU
+    (offline engines where CUDA is available) runs bfloat16 unless ``--dtype`` says otherwise; a server given
+    with ``--url`` runs whatever it was started with."""
+    if args.url:
+        return args.dtype
+    if args.engine and args.dtype == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            print("dtype: bfloat16 (offline engines on the GPU)", flush=True)
+            return "bfloat16"
+    from ..cpu.dtype import choose_dtype
+
+    choice = choose_dtype(args.dtype)
+    print(choice.line(), flush=True)
+    return choice.dtype
 
 
 def _backend_name(args) -> str:
@@ -244,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
         if not results.exists():
             raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")
         return _write(args, load_records(results))
+    args.resolved_dtype = _dtype(args)
     model_dir = resolve_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     from ..maps import load_maps
@@ -301,7 +325,7 @@ def _run(args: argparse.Namespace) -> int:
                    "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
                    "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
-                   "server": _backend_name(args), "threads": os.cpu_count()})
+                   "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype})
     checked = any(r.get("kind") == "check" and r.get("passed") for r in load_records(results))
     max_len = max(args.lengths)
     from tqdm import tqdm

@@ -3,7 +3,8 @@
 A maps folder::
 
     manifest.json                  format, version, model and tokenizer fingerprints, splits, scores,
-                                   calibration summary, sha256 of every other file; the map kind
+                                   calibration summary and dtype (``calibration_dtype``; absent in
+                                   older folders), sha256 of every other file; the map kind
                                    (``map_kind``, ``kinds.py``; absent: ``residual``) and the sink rule
                                    (``sink``: rows left out of the fit, served exactly; absent: none)
     maps-split{S}.safetensors      per upper layer l in [S, L):

@@ -58,6 +58,16 @@ class MapsFolder:
                 f"{', '.join(map(str, self.splits))}"
             ) from None
 
+    @property
+    def calibration_dtype(self) -> str | None:
+        """The dtype the model ran in during calibration (``"bfloat16"``/``"float32"``), from the manifest's
+        ``calibration_dtype`` or, in folders written before that field, the calibration summary's ``dtype``;
+        ``None`` when neither records it. Informational: the maps serve the model in any dtype."""
+        value = self.manifest.get("calibration_dtype")
+        if value is None:
+            value = (self.manifest.get("calibration") or {}).get("dtype")
+        return value
+
     def layers(self, split: int) -> tuple[int, ...]:
         """The upper layers ``split..num_layers-1`` that split ``split`` fills."""
         self._entry(split)

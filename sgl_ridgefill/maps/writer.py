@@ -123,6 +123,7 @@ def write_maps_folder(
     stats_dir: str | os.PathLike[str] | None = None,
     map_kind: str = DEFAULT_KIND,
     sink: Mapping[str, Any] | None = None,
+    calibration_dtype: str | None = None,
     force: bool = False,
 ) -> pathlib.Path:
     """Write a complete maps folder and return its path.
@@ -133,7 +134,9 @@ def write_maps_folder(
     along ``d_in``, ``group_size`` columns per scale); ``calibration``: corpus summary for the manifest;
     ``token_counts``: ``[vocab]`` raw unigram counts; ``stats_dir``: where the sufficient statistics were
     kept; ``map_kind``: what the maps predict from what (``kinds.py``); ``sink``: the rule of the rows left
-    out of the fit (``{"first_rows": k, "norm_ratio": r}``; the runtime runs them exactly). Raises
+    out of the fit (``{"first_rows": k, "norm_ratio": r}``; the runtime runs them exactly);
+    ``calibration_dtype``: the dtype the model ran in while the statistics were read (``"bfloat16"`` or
+    ``"float32"``; the maps serve the model in either, since fingerprints round weights to bf16). Raises
     :class:`MapsError` if ``out_dir`` exists and ``force`` is false, ``ValueError`` on inconsistent inputs;
     on any failure nothing is left at ``out_dir``.
     """
@@ -202,6 +205,7 @@ def write_maps_folder(
             "default_split": default_split,
             "splits": entries,
             "calibration": dict(calibration) if calibration is not None else None,
+            "calibration_dtype": calibration_dtype,
             "stats_dir": str(pathlib.Path(stats_dir).resolve()) if stats_dir is not None else None,
             "token_counts": counts_entry,
             "files": files,

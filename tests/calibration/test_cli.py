@@ -26,6 +26,9 @@ def test_calibrate_then_resolve(tiny_model, text_corpus, tmp_path, capsys):
     assert rc == 0
     assert captured.out.strip() == str(out)
     assert "R2 ridge   R2 identity" in captured.err
+    # --dtype auto (the default): the first line says which dtype this CPU gets and why.
+    assert captured.err.splitlines()[0].startswith("[sgl-ridgefill] dtype: ")
+    assert load_maps(out).calibration_dtype in ("bfloat16", "float32")
     assert load_maps(out).manifest["calibration"]["tokens"] >= 3000
     rc = _run(["calibrate", "resolve", "--stats", f"{out}.stats", "--out", str(tmp_path / "again"), "--lambda", "0.3"])
     assert rc == 0

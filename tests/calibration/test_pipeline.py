@@ -27,7 +27,8 @@ SPLITS = (2, 1)
 
 def _config(model, corpus, out, **overrides):
     settings = dict(model=str(model), corpus=str(corpus), splits=SPLITS, out_dir=out, max_tokens=10**6,
-                    doc_tokens=256, min_doc_tokens=32, heldout_docs=2, progress=False, checkpoint_seconds=0.0)
+                    doc_tokens=256, min_doc_tokens=32, heldout_docs=2, progress=False, checkpoint_seconds=0.0,
+                    dtype="float32")  # explicit: the default (auto) depends on this CPU
     settings.update(overrides)
     return CalibrationConfig(**settings)
 
@@ -86,6 +87,25 @@ def test_folder_loads_and_records_the_run(calibrated, tiny_model):
     assert A.shape == (3, 64, 64) and torch.equal(A[0], torch.eye(64))
 
 
+def test_maps_fitted_in_float32_serve_the_model_loaded_in_either_dtype(calibrated, tiny_model):
+    """The manifest records the calibration dtype; the fingerprint does not depend on it: maps fitted in
+    float32 pass the check against a bfloat16 load of the same checkpoint, and against a float32 load."""
+    from sgl_ridgefill.calibration.pipeline import model_folder_fingerprints
+
+    folder = load_maps(calibrated.out_dir)
+    assert folder.calibration_dtype == "float32" and folder.manifest["calibration"]["dtype"] == "float32"
+    model, tokenizer, config = load_model(tiny_model, "bfloat16")
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    bf16 = model_fingerprint(config, model.get_input_embeddings().weight, model.model.norm.weight, hf_fingerprint_layers(model))
+    assert folder.check_model(bf16) == []
+    model32, _, _ = load_model(tiny_model, "float32")
+    fp32 = model_fingerprint(config, model32.get_input_embeddings().weight, model32.model.norm.weight,
+                             hf_fingerprint_layers(model32))
+    assert folder.check_model(fp32) == [] and fp32["layers"] == bf16["layers"]
+    model_fp, tokenizer_fp = model_folder_fingerprints(tiny_model)
+    assert folder.check_model(model_fp) == [] and folder.check_tokenizer(tokenizer_fp) == []
+
+
 def test_rows_of_a_document_never_reach_both_sides(calibrated, tiny_model, text_corpus):
     """Recompute both sides' statistics directly, document by document, from the recorded split."""
     state = load_stats(calibrated.stats_dir)
@@ -94,7 +114,7 @@ def test_rows_of_a_document_never_reach_both_sides(calibrated, tiny_model, text_
     train_ids = [i for i in state.progress["done"] if i not in heldout_ids and i not in skipped]
     assert not set(heldout_ids) & set(train_ids)
     assert len(train_ids) == state.progress["train"]["documents"]
-    model, tokenizer, _ = load_model(tiny_model, "bfloat16")
+    model, tokenizer, _ = load_model(tiny_model, "float32")  # the calibration dtype
     docs = {d.id: d for d in folder_corpus(text_corpus).documents}
     layers = [1, 2, 3]
 

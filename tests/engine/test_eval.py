@@ -23,7 +23,7 @@ def _eval(model, out, *extra):
     cmd = [sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", str(model.path), "--maps", str(model.maps_dir),
            "--split", str(SPLIT), "--tail", "64", "--lengths", "512", "--out", str(out), "--docs", "1", "--depths", "1",
            "--haystacks", "noise", "--needle-arms", "ridgefill,nofill+longtail", "--loss-arms", "ridgefill,splice:both",
-           "--n-resamples", "200", *extra]
+           "--n-resamples", "200", "--dtype", "float32", *extra]  # explicit: auto depends on this CPU
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIDGEFILL_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

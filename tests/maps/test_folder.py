@@ -281,3 +281,16 @@ def test_refingerprint_refuses_another_model_unless_forced(tmp_path):
         f"maps folder {path} holds maps for 4 layers of width 48 -> 48; the model has 8 layers of width 64, so its "
         "fingerprint cannot be recorded there"
     )
+
+
+def test_calibration_dtype_is_recorded_and_older_folders_still_load(tmp_path):
+    assert load_maps(_write(tmp_path / "f32", calibration_dtype="float32")).calibration_dtype == "float32"
+    assert load_maps(_write(tmp_path / "none")).calibration_dtype is None
+    # A folder written before the field existed: no "calibration_dtype" key, the dtype only in the summary.
+    old = _write(tmp_path / "old")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["calibration_dtype"]
+    manifest["calibration"]["dtype"] = "bfloat16"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    folder = load_maps(old)
+    assert folder.calibration_dtype == "bfloat16" and folder.check_model(fingerprint()) == []

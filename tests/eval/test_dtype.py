@@ -1,0 +1,40 @@
+"""``sgl-ridgefill eval`` runs its local servers and engines in this CPU's dtype unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from sgl_ridgefill.cpu.dtype import choose_dtype
+from sgl_ridgefill.eval import cli
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(url=None, engine=False, dtype="auto")
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_local_servers_get_this_cpus_dtype_and_say_why(capsys):
+    assert cli._dtype(_args()) == choose_dtype().dtype
+    assert capsys.readouterr().out == choose_dtype().line() + "\n"
+
+
+def test_the_users_dtype_wins_and_reaches_the_servers(capsys):
+    assert cli._dtype(_args(dtype="float32")) == "float32"
+    assert capsys.readouterr().out == "dtype: float32 (chosen with --dtype)\n"
+    flags = cli._server_flags(pathlib.Path("/m"), 4096, "float32")
+    assert flags[flags.index("--dtype") + 1] == "float32"
+    assert cli._serving_settings(pathlib.Path("/m"), 4096, "bfloat16")["dtype"] == "bfloat16"
+
+
+def test_a_remote_server_runs_what_it_was_started_with(capsys):
+    assert cli._dtype(_args(url="http://127.0.0.1:9")) == "auto"
+    assert capsys.readouterr().out == ""
+
+
+def test_the_flag_defaults_to_auto():
+    parser = argparse.ArgumentParser()
+    cli.add_subparser(parser.add_subparsers())
+    args = parser.parse_args(["eval", "--model", "m", "--maps", "d", "--out", "o"])
+    assert args.dtype == "auto"
