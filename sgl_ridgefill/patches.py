@@ -50,6 +50,9 @@ MODEL_FORWARDS = (
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
 )
 ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, META_INFO)
+# Only under the CPU recipe (the sgl_kernel stand-in first on the path): the gated norm of Gated DeltaNet layers.
+GATED_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
+CPU_TARGETS = (GATED_NORM,)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
     REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
@@ -123,6 +126,33 @@ def _register_attention_backend() -> None:
 
     if CPU_BACKEND not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([CPU_BACKEND])
+
+
+def around_gated_norm_forward(original, norm: Any, x: Any, z: Any = None) -> Any:
+    """AROUND fla's gated ``RMSNorm.forward`` (the output norm of Gated DeltaNet layers, Qwen3.5): on a CPU
+    without AMX SGLang sends CPU tensors to a Triton kernel, which cannot run them; the CPU recipe computes
+    the same norm in PyTorch (``cpu/gdn_ops.py``). Registered only where the CPU ``sgl_kernel`` stand-in is
+    in use; any other tensor still goes to SGLang's kernel."""
+    if getattr(x, "device", None) is None or x.device.type != "cpu":
+        return original(norm, x, z)
+    from .cpu.gdn_ops import rmsnorm_gated
+
+    return rmsnorm_gated(x, norm.weight, z, norm.eps, norm.activation, norm.norm_before_gate, norm.group_size)
+
+
+def _cpu_shim_active() -> bool:
+    """Whether this process runs SGLang through the CPU recipe (the ``sgl_kernel`` stand-in is the one found)."""
+    import importlib.util
+    import os
+    import pathlib
+
+    from .cpu.environment import SHIM_DIR
+
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        return False
+    spec = importlib.util.find_spec("sgl_kernel")
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return origin is not None and pathlib.Path(origin).resolve().is_relative_to(SHIM_DIR)
 
 
 # ----------------------------------------------------------------------------- RidgeFill on
@@ -359,8 +389,12 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
     HookRegistry.register(META_INFO, around_update_request_meta_info, HookType.AROUND)
     _register_attention_backend()
+    always = ALWAYS_TARGETS
+    if _cpu_shim_active():
+        HookRegistry.register(GATED_NORM, around_gated_norm_forward, HookType.AROUND)
+        always += CPU_TARGETS
     if not enabled:
-        return ALWAYS_TARGETS
+        return always
     _wrap_gpu_backends()
     HookRegistry.register(LOAD_MODEL, after_load_model, HookType.AFTER)
     HookRegistry.register(INIT_ATTENTION, after_init_attention_backends, HookType.AFTER)
@@ -375,7 +409,7 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
         HookRegistry.register(target, after_weight_update, HookType.AFTER)
     for target in MODEL_FORWARDS:
         HookRegistry.register(target, around_model_forward, HookType.AROUND)
-    return ALWAYS_TARGETS + ENABLED_TARGETS
+    return always + ENABLED_TARGETS
 
 
 def missing_hooks(targets: tuple[str, ...]) -> list[str]:

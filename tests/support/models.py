@@ -13,7 +13,9 @@ import pathlib
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+HYBRID_FAMILIES = ("qwen3_5",)  # Gated DeltaNet hybrids (attention every 4th layer)
 VOCAB_SIZE = 1024
+HYBRID_ATTENTION_EVERY = 4
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,7 +69,30 @@ def _config(family: str, num_layers: int, hidden_size: int, vocab_size: int, tie
         return Qwen2Config(**common)
     if family == "qwen3":
         return Qwen3Config(head_dim=hidden_size // 4, **common)
-    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if family == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        # Linear-attention heads: 2 key heads, 4 value heads (HV > Hk, as in the real models), 16 wide each.
+        return Qwen3_5TextConfig(
+            head_dim=hidden_size // 2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, **common,
+        )
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES + HYBRID_FAMILIES}")
+
+
+def _spread_gdn_memory(model, seed: int) -> None:
+    """Gate rates per value head from fast-forgetting to long-remembering (``A = exp(A_log)`` from 0.005 to 4;
+    the initialiser's uniform 0.01..16 forgets almost everything within a few tokens), so the prefix's part of
+    each state, and the fill's error in it, reaches the tail and the tests see it."""
+    gen = torch.Generator().manual_seed(seed + 17)
+    for layer in model.model.layers:
+        mixer = getattr(layer, "linear_attn", None)
+        if mixer is None:
+            continue
+        heads = mixer.A_log.numel()
+        rates = torch.logspace(-2.3, 0.6, heads)[torch.randperm(heads, generator=gen)]
+        with torch.no_grad():
+            mixer.A_log.copy_(rates.log())
 
 
 def make_tiny_checkpoint(
@@ -93,7 +118,17 @@ def make_tiny_checkpoint(
     config.initializer_range = init_std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if family in HYBRID_FAMILIES:
+        _spread_gdn_memory(model, seed)
     model.save_pretrained(path)
+    if family in HYBRID_FAMILIES:
+        # SGLang reads the layer layout from full_attention_interval, which transformers does not save.
+        import json
+
+        cfg_path = path / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["full_attention_interval"] = HYBRID_ATTENTION_EVERY
+        cfg_path.write_text(json.dumps(cfg, indent=2))
     if with_tokenizer:
         make_tokenizer(path)
     return path
