@@ -48,6 +48,7 @@ MODEL_FORWARDS = (
     "sglang.srt.models.llama.LlamaForCausalLM.forward",
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
+    "sglang.srt.models.qwen3_5_text.Qwen3_5ForCausalLM.forward",
 )
 ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, META_INFO)
 # Only under the CPU recipe (the sgl_kernel stand-in first on the path): the gated norm of Gated DeltaNet layers.
@@ -314,7 +315,7 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
 
 
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
-    """AROUND ``{Llama,Qwen2,Qwen3}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
+    """AROUND ``{Llama,Qwen2,Qwen3,Qwen3_5}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
     runs the two-sweep prefill for the requests it admitted (``runtime/prefill.py``). Decode, exact
     requests and anything else call the original unchanged."""
     from .runtime.runtime import get_runtime

@@ -11,7 +11,7 @@ policy) stop the server instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,8 +19,9 @@ import torch
 from ..attention.backends import advice
 from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability
 from ..config import ServerConfig
-from .adapter import ModelAdapter, UnsupportedModelError
-from .admission import Admitter, ServerFacts
+from .adapter import UnsupportedModelError
+from .admission import HYBRID_NAMESPACE_REFUSAL, Admitter, ServerFacts
+from .hybrid_adapter import make_adapter
 from .prefill import SelectionResources
 from .runtime import RidgeFillRuntime
 
@@ -55,7 +56,7 @@ def unsupported_reason(runner: Any) -> str | None:
     return None
 
 
-def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[str, Any]]:
+def _load_policies(config: ServerConfig, maps_folder, adapter) -> tuple[Any, dict[str, Any]]:
     """The server's policy (``--ridgefill-policy``) and every shipped policy, compiled for this model."""
     from ..policy import MapsInfo, ModelInfo, compile_policy, list_builtin_policies, load_policy, resolve_policy_path
 
@@ -63,8 +64,9 @@ def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[
     if maps_folder is not None:
         maps_info = MapsInfo(splits=tuple(maps_folder.splits), default_split=maps_folder.default_split,
                              num_layers=maps_folder.num_layers)
-    model_info = ModelInfo(num_layers=shape.num_layers, attention_layers=tuple(range(shape.num_layers)),
-                           recurrent_layers=(), has_qk_norm=shape.has_qk_norm)
+    shape = adapter.shape
+    model_info = ModelInfo(num_layers=shape.num_layers, attention_layers=adapter.attention_layers,
+                           recurrent_layers=adapter.recurrent_layers, has_qk_norm=shape.has_qk_norm)
     policies: dict[str, Any] = {}
     for name in list_builtin_policies():
         try:
@@ -88,7 +90,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
     if reason is not None:
         return _disabled(config, reason)
     try:
-        adapter = ModelAdapter(runner.model)
+        adapter = make_adapter(runner.model)
     except UnsupportedModelError as e:
         return _disabled(config, str(e))
     inner = adapter.model
@@ -103,7 +105,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         for warning in maps_folder.check_model(fingerprint):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
-    server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
+    server_policy, policies = _load_policies(config, maps_folder, adapter)
+    recurrent = _recurrent_resources(adapter, config, maps_folder, server_policy, policies)
     if maps_folder is not None:
         from .maps_store import MapsStore
 
@@ -118,6 +121,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         default_split=maps_folder.default_split if maps_folder is not None else None,
         has_tokenizer=token_table is not None,
         has_token_counts=token_counts is not None,
+        recurrent_layers=adapter.recurrent_layers,
+        terminal_offsets=recurrent.entries if recurrent is not None else (),
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
     server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
@@ -129,6 +134,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS,
+        recurrent=recurrent.resources if recurrent is not None else None,
     )
     resident = maps.resident_bytes if maps is not None else 0
     logger.info(
@@ -142,6 +148,39 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime:
         "on" if config.diagnostics else "off",
     )
     return rt
+
+
+@dataclass(frozen=True)
+class _Recurrent:
+    resources: Any  # recurrent.RecurrentResources
+    entries: tuple[tuple[str, int, str], ...]  # (file, split, arm) loaded
+
+
+def _recurrent_resources(adapter, config: ServerConfig, maps_folder, server_policy, policies) -> _Recurrent | None:
+    """Hybrid models: refuse the namespace cache mode at startup, and load the terminal-state offsets the
+    policies name (the server's own policy must find its offsets, or the server stops)."""
+    if not adapter.recurrent_layers:
+        return None
+    from ..maps.terminal import read_terminal_offsets, terminal_entries
+    from .recurrent import RecurrentResources
+
+    mode = config.cache_mode or (server_policy.cache_mode if server_policy is not None else None)
+    if mode == "namespace":
+        raise ValueError(f"--ridgefill-cache-mode / policy cache mode: {HYBRID_NAMESPACE_REFUSAL}")
+    held = terminal_entries(maps_folder.manifest) if maps_folder is not None else []
+    wanted = {p.terminal_state.offsets for p in policies.values() if getattr(p, "terminal_state", None) is not None}
+    offsets = {}
+    for name in sorted(wanted & {name for name, _, _ in held}):
+        offsets[name] = read_terminal_offsets(maps_folder.path, name, device=adapter.model.embed_tokens.weight.device)
+    terminal = getattr(server_policy, "terminal_state", None)
+    if terminal is not None and terminal.offsets not in offsets:
+        where = config.maps or "(no maps folder)"
+        raise ValueError(
+            f"policy {server_policy.name!r} applies the terminal-state correction with offsets {terminal.offsets!r}, "
+            f"which the maps folder {where} does not hold; measure them with `sgl-ridgefill calibrate terminal-state`"
+        )
+    entries = tuple(e for e in held if e[0] in offsets)
+    return _Recurrent(RecurrentResources(offsets), entries)
 
 
 def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:

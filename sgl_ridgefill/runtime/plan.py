@@ -29,6 +29,7 @@ class RequestPlan:
     policy_name: str = ""
     maps_id: str = ""
     splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm" (eval splice tests)
+    terminal_state: str | None = None  # hybrid models: offsets file of the terminal-state correction (None: off)
 
     def __post_init__(self) -> None:
         assert self.arm in ("ridgefill", "identity", "nofill"), self.arm

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import passes, selection
+from . import passes, recurrent, selection
 from .corrections import value_rescaler
 from .kv import read_kv, write_kv
 
@@ -88,6 +88,7 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         where = "cpu" if device.type == "cuda" else device
         st.prefix_x = torch.empty((st.boundary - p0, hidden_size), dtype=dtype, device=where,
                                   pin_memory=device.type == "cuda")
+    recurrent.begin(st)
 
 
 def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, row0: int, st: RequestState,
@@ -107,6 +108,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     if n_prefix and plan.arm != "nofill":
         maps = ctx.maps if plan.arm == "ridgefill" else None
         passes.fill_pass(ctx, maps, split, x_split[:n_prefix], positions[:n_prefix], slots[:n_prefix])
+        if recurrent.fills_states_in_sweep_one(st) and recurrent.has_recurrent_layers(ctx, split):
+            recurrent.fill_states(ctx, fb, i, st, x_split[:n_prefix], p0)
     if n_prefix and st.prefix_x is not None:
         st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
     if n_prefix < n:
@@ -135,9 +138,10 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     before_layer = None
     if plan.value_rescale:
         before_layer = value_rescaler(ctx, st, exact, x_rows, slots=req_slots)
+    recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     out, shape = passes.upper_pass(
         ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, seq_len=big_n, visible=visible, runs_from=boundary,
-        before_layer=before_layer,
+        before_layer=before_layer, recurrence=recurrence,
     )
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
     first = max(boundary, p0)
@@ -150,6 +154,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         upper_steps=shape["steps"],
         saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
+    if recurrence is not None and recurrence.rho:
+        st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if plan.arm == "nofill":
         st.hidden_keys = ~visible[:boundary].cpu()
     st.prefill_done = True
@@ -177,7 +183,9 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
     pos_d = pos.to(device)
     slots = ctx.req_to_token[fb.req_pool_indices[i], pos_d]
     maps = ctx.maps if plan.arm == "ridgefill" else None
-    for layer_id in range(split, ad.shape.num_layers):
+    for layer_id in ad.attention_layers:
+        if layer_id < split:
+            continue
         x_hat = prefix_x if maps is None else maps.predict(split, layer_id, prefix_x)
         k, v = ad.key_value(layer_id, pos_d.to(fb.positions.dtype), x_hat)
         k_exact, v_exact = read_kv(ctx.pool, layer_id, slots)
@@ -189,7 +197,7 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
         if plan.splice == "key_norm":
             scale = k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
             k = k * scale.to(k.dtype)
-        write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
+        write_kv(ctx.pool, ad.attention(layer_id), slots, k, v, physical=ctx.physical)
 
 
 def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
@@ -206,12 +214,16 @@ def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows
     visible[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
     if plan.arm == "nofill":
         visible[st.start : boundary] = False
-    sinks = {layer_id: [] for layer_id in range(split, ad.shape.num_layers)}
+    sinks = {layer_id: [] for layer_id in ad.attention_layers if layer_id >= split}
     captures = [(layer_id, 0, r, sink) for layer_id, sink in sinks.items()]
-    passes.upper_pass(
-        ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible, captures=captures,
-        final_norm=False,
-    )
+    # Upper recurrent layers (hybrid models): the probe rows start from empty states, as in the paper.
+    states = recurrent.upper_recurrent_layers(ctx, split)
+    recurrence = recurrent.UpperRecurrence(ctx, fb, i, st, pos, prefix_from_map=False, prefix_len=0) if states else None
+    with recurrent.empty_states(ctx, fb, i, states):
+        passes.upper_pass(
+            ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible,
+            captures=captures, final_norm=False, recurrence=recurrence,
+        )
     key_pos = torch.nonzero(visible).flatten()
     slots_all = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
     total = torch.zeros(boundary, dtype=torch.float32)
@@ -220,7 +232,7 @@ def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows
     for layer_id, sink in sinks.items():
         q = torch.cat(sink).reshape(r, -1, ad.shape.head_dim).float()
         k = ctx.pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
-        scale = ad.layers[layer_id].self_attn.attn.scaling
+        scale = ad.attention(layer_id).scaling
         received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos)
         total[key_pos[in_prefix].cpu()] += received[in_prefix].cpu()
     return total

@@ -57,6 +57,7 @@ class RidgeFillRuntime:
         chunk_rows: int = 8192,
         group_size: int | None = GROUP_SIZE,
         live: LiveRequests = LIVE,
+        recurrent=None,
     ):
         self.config = config
         self.adapter = adapter
@@ -66,6 +67,7 @@ class RidgeFillRuntime:
         self.chunk_rows = chunk_rows
         self.group_size = group_size
         self.live = live
+        self.recurrent = recurrent  # hybrid models: recurrent.RecurrentResources
         self._warned: dict[str, float] = {}
 
     @property
@@ -136,6 +138,7 @@ class RidgeFillRuntime:
             physical=fb.out_cache_loc_is_physical,
             chunk_rows=self.chunk_rows,
             group_size=self.group_size,
+            recurrent=self.recurrent,
         )
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)

@@ -63,6 +63,8 @@ class RequestState:
     stats: dict = field(default_factory=dict)  # filled, exact and tail rows etc. (logs, metrics, meta_info)
     # nofill: keys the upper layers must not see in decode steps ([B] bool, True = hidden), set when done.
     hidden_keys: torch.Tensor | None = None
+    # Hybrid models with the terminal-state correction: the upper GDN layers' gate sums (recurrent.GateSums).
+    recurrent: Any = None
 
     @property
     def bound(self) -> bool:

@@ -78,3 +78,64 @@ def assert_top_close(got: dict, expected: list[tuple[float, int]], atol: float =
     assert [t for _, t in got_top] == [t for _, t in expected], (got_top, expected)
     for (lp_got, _), (lp_exp, _) in zip(got_top, expected):
         assert abs(lp_got - lp_exp) <= atol, (got_top, expected)
+
+
+# --------------------------------------------------------------------------- Gated DeltaNet hybrids (Qwen3.5)
+HYBRID_SPLIT = 3  # upper layers: 3 and 7 attention, 4..6 Gated DeltaNet
+HYBRID_LAYERS = 8
+HYBRID_HIDDEN = 64
+TERMINAL_FILE = "terminal_state.safetensors"
+
+# What a CPU engine needs for a hybrid model besides cpu_engine_kwargs (HYBRID_NOTES.md, CPU recipe).
+HYBRID_ENGINE_KWARGS = dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
+                            max_mamba_cache_size=32)
+HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}  # a float32 conv window, as transformers keeps it
+
+
+def random_offsets(hf_model, split: int, seed: int = 2) -> dict[int, torch.Tensor]:
+    """Terminal-state offsets ``ΔM_l`` ``[HV, V, K]`` for every upper GDN layer: random, large enough to move
+    the tail's output (what the runtime must add is ρ ΔM, whatever ΔM is)."""
+    cfg = hf_model.config
+    gen = torch.Generator().manual_seed(seed)
+    shape = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim)
+    return {l: 0.5 * torch.randn(shape, generator=gen) for l, kind in enumerate(cfg.layer_types)
+            if l >= split and kind == "linear_attention"}
+
+
+class TinyHybrid:
+    """A random Qwen3.5 checkpoint, its HF twin, the hybrid oracle, maps at ``HYBRID_SPLIT`` for every upper
+    layer, and terminal-state offsets (random) in the maps folder."""
+
+    def __init__(self, root, family: str = "qwen3_5"):
+        from sgl_ridgefill.maps import SplitMaps, hf_fingerprint_layers, load_maps, model_fingerprint, write_maps_folder
+        from sgl_ridgefill.maps.terminal import write_terminal_offsets
+        from tests.support.reference import HybridReference
+
+        self.family = family
+        self.path = make_tiny_checkpoint(root / family, family=family, num_layers=HYBRID_LAYERS,
+                                         hidden_size=HYBRID_HIDDEN)
+        self.hf = _load_hf(str(self.path))
+        self.ref = HybridReference(self.hf)
+        a, b = random_maps(self.hf, HYBRID_SPLIT)
+        hf = self.hf
+        fingerprint = model_fingerprint(
+            hf.config.to_dict(), hf.model.embed_tokens.weight, hf.model.norm.weight, hf_fingerprint_layers(hf)
+        )
+        self.maps_dir = write_maps_folder(root / f"{family}-maps", [SplitMaps(HYBRID_SPLIT, a, b, {"lambda": None})],
+                                          model=fingerprint)
+        self.maps = load_maps(self.maps_dir).load_split(HYBRID_SPLIT, dtype=torch.float32)
+        self.offsets = random_offsets(self.hf, HYBRID_SPLIT)
+        write_terminal_offsets(self.maps_dir, self.offsets, split=HYBRID_SPLIT, arm="ridgefill",
+                               record={"measured": "random offsets for tests"})
+
+    def expected_top(self, ids, k: int = 3, **kw) -> list[tuple[float, int]]:
+        if kw.pop("terminal_state", False):
+            kw["terminal"] = self.offsets
+        logits = self.ref.last_logits(ids, maps=self.maps, **kw)
+        top = logits.log_softmax(-1).topk(k)
+        return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tmp_path_factory):
+    return TinyHybrid(tmp_path_factory.mktemp("hybrid"))
