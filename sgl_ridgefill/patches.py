@@ -49,11 +49,15 @@ MODEL_FORWARDS = (
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
     "sglang.srt.models.qwen3_5_text.Qwen3_5ForCausalLM.forward",
+    "sglang.srt.models.qwen3_next.Qwen3NextForCausalLM.forward",
 )
 ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, META_INFO)
 # Only under the CPU recipe (the sgl_kernel stand-in first on the path): the gated norm of Gated DeltaNet layers.
 GATED_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
-CPU_TARGETS = (GATED_NORM,)
+FUSED_GATED_NORM = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"  # Qwen3-Next
+NEXT_GDN_INIT = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
+SHARED_EXPERT_GATE = "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add"  # Qwen2/3 MoE blocks
+CPU_TARGETS = (GATED_NORM, FUSED_GATED_NORM, NEXT_GDN_INIT, SHARED_EXPERT_GATE)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
     REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS,
@@ -139,6 +143,45 @@ def around_gated_norm_forward(original, norm: Any, x: Any, z: Any = None) -> Any
     from .cpu.gdn_ops import rmsnorm_gated
 
     return rmsnorm_gated(x, norm.weight, z, norm.eps, norm.activation, norm.norm_before_gate, norm.group_size)
+
+
+def around_fused_gated_norm_forward(original, norm: Any, x: Any, g: Any, residual: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """AROUND fla's ``FusedRMSNormGated.forward`` (Qwen3-Next's GDN output norm): as
+    :func:`around_gated_norm_forward`; calls with a residual still go to SGLang's kernel."""
+    if getattr(x, "device", None) is None or x.device.type != "cpu" or residual is not None or args or kwargs.get("prenorm"):
+        return original(norm, x, g, residual, *args, **kwargs)
+    from .cpu.gdn_ops import rmsnorm_gated
+
+    return rmsnorm_gated(x, norm.weight, g, norm.eps, norm.activation)
+
+
+def around_next_gdn_init(original, mixer: Any, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``Qwen3GatedDeltaNet.__init__`` (Qwen3-Next): SGLang places the output norm's weight on
+    ``torch.get_device_module().current_device()``, which is CUDA's even in a CPU process of the CUDA wheel
+    and fails without a driver; on the CPU recipe that call answers the CPU while the mixer is built."""
+    import torch
+
+    get_device_module = torch.get_device_module
+
+    def cpu_device_module(device: Any = None):
+        return torch.cpu if device is None else get_device_module(device)
+
+    torch.get_device_module = cpu_device_module
+    try:
+        return original(mixer, *args, **kwargs)
+    finally:
+        torch.get_device_module = get_device_module
+
+
+def around_shared_expert_gate(original, hidden: Any, gate_weight: Any, shared: Any, out: Any) -> None:
+    """AROUND ``fused_gate_sigmoid_mul_add`` (the shared expert's gate of Qwen2-MoE-style blocks, Qwen3-Next):
+    a Triton kernel on any device; on CPU tensors the same ``out += sigmoid(hidden @ w) * shared`` in
+    float32, in PyTorch."""
+    if getattr(hidden, "device", None) is None or hidden.device.type != "cpu":
+        return original(hidden, gate_weight, shared, out)
+    gate = ((hidden.float() * gate_weight.float()).sum(-1, keepdim=True)).sigmoid()
+    out.copy_((out.float() + gate * shared.float()).to(out.dtype))
+    return None
 
 
 def _cpu_shim_active() -> bool:
@@ -315,7 +358,7 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
 
 
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
-    """AROUND ``{Llama,Qwen2,Qwen3,Qwen3_5}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
+    """AROUND ``{Llama,Qwen2,Qwen3,Qwen3_5,Qwen3Next}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
     runs the two-sweep prefill for the requests it admitted (``runtime/prefill.py``). Decode, exact
     requests and anything else call the original unchanged."""
     from .runtime.runtime import get_runtime
@@ -393,6 +436,9 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     always = ALWAYS_TARGETS
     if _cpu_shim_active():
         HookRegistry.register(GATED_NORM, around_gated_norm_forward, HookType.AROUND)
+        HookRegistry.register(FUSED_GATED_NORM, around_fused_gated_norm_forward, HookType.AROUND)
+        HookRegistry.register(NEXT_GDN_INIT, around_next_gdn_init, HookType.AROUND)
+        HookRegistry.register(SHARED_EXPERT_GATE, around_shared_expert_gate, HookType.AROUND)
         always += CPU_TARGETS
     if not enabled:
         return always

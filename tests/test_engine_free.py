@@ -18,6 +18,8 @@ _CORE = (
     ("sgl_ridgefill/calibration/solve.py", "sgl_ridgefill.calibration.solve"),
     ("sgl_ridgefill/calibration/stats.py", "sgl_ridgefill.calibration.stats"),
     ("sgl_ridgefill/bench/bounds.py", "sgl_ridgefill.bench.bounds"),
+    ("sgl_ridgefill/cpu/gdn_ops.py", "sgl_ridgefill.cpu.gdn_ops"),
+    ("sgl_ridgefill/gdn_layout.py", "sgl_ridgefill.gdn_layout"),
 )
 _HOST = ("sglang", "sgl_kernel")
 

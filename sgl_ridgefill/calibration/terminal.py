@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from sgl_ridgefill.cpu import gdn_ops
+from sgl_ridgefill.gdn_layout import hf_projections
 
 from .capture import capture_layer_inputs, decoder_layers
 from .config import CalibrationError
@@ -50,8 +51,7 @@ def state_snapshots(model: torch.nn.Module, layer_id: int, x_in: torch.Tensor, a
     mix = layer.linear_attn
     x = x_in.to(next(model.parameters()).dtype)
     h = layer.input_layernorm(x[None])[0]
-    mixed = mix.in_proj_qkv(h).float()
-    a, b = mix.in_proj_a(h).float(), mix.in_proj_b(h).float()
+    mixed, _, b, a = (t.float() for t in hf_projections(mix, h))
     rows = mixed.shape[0]
     weight = mix.conv1d.weight.reshape(mix.conv_dim, -1).float()
     bias = None if mix.conv1d.bias is None else mix.conv1d.bias.float()

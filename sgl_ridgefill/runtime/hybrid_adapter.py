@@ -1,14 +1,17 @@
-"""What RidgeFill reads from a Gated DeltaNet hybrid served by SGLang 0.5.23 (Qwen3.5 dense text models).
+"""What RidgeFill reads from a Gated DeltaNet hybrid served by SGLang 0.5.23: Qwen3.5 dense text models and
+Qwen3-Next.
 
-``lm.model.layers[i]`` is a ``Qwen3_5AttentionDecoderLayer`` (every ``full_attention_interval``-th layer)
-or a ``Qwen3_5LinearDecoderLayer`` (Gated DeltaNet, "GDN"). Both have ``input_layernorm`` and
-``post_attention_layernorm`` (Gemma RMSNorms) and a dense ``mlp``.
+``lm.model.layers[i]`` is an attention layer (every ``full_attention_interval``-th layer) or a Gated DeltaNet
+("GDN") layer with a ``linear_attn`` mixer. Both have ``input_layernorm`` and ``post_attention_layernorm``
+(Gemma RMSNorms) and an ``mlp`` (dense on Qwen3.5, a sparse MoE block on Qwen3-Next).
 
 - Attention layers keep their projections on the layer itself: ``qkv_proj`` rows are ``[q and output gate
   (2 * q_size, per head q then gate) | k | v]``, ``k_norm`` is a per-head Gemma RMSNorm, ``rotary_emb`` a
   partial RoPE. The fill multiplies by the K and V rows only, as for the dense families.
-- A GDN layer's mixer is ``linear_attn``: ``in_proj_qkvz`` rows ``[q | k | v | z]`` (contiguous blocks),
-  ``in_proj_ba`` rows ``[b | a]``, then SGLang's ``RadixLinearAttention`` (short causal conv over ``[q|k|v]``
+- A GDN layer's mixer is ``linear_attn``: ``in_proj_qkvz`` rows ``[q | k | v | z]`` (contiguous blocks on
+  Qwen3.5; on Qwen3-Next interleaved per key head, ``[q_g | k_g | v_g | z_g]``, and ``in_proj_ba`` likewise
+  ``[b_g | a_g]``, which the adapter reorders once), ``in_proj_ba`` rows ``[b | a]``, then SGLang's
+  ``RadixLinearAttention`` (short causal conv over ``[q|k|v]``
   and the gated delta rule, whose state lives in the request's slot of SGLang's ``MambaPool``), the gated
   output norm ``norm(o, z)`` and ``out_proj``. A filled row needs only ``[q|k|v]``, ``b`` and ``a`` (its state
   update); the ``z`` rows, the output norm, ``out_proj`` and the MLP run only for rows whose output is read.
@@ -21,9 +24,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..gdn_layout import gdn_rows
 from .adapter import ModelAdapter, ModelShape, UnsupportedModelError
 
-HYBRID_ARCHITECTURES = {"Qwen3_5ForCausalLM": "qwen3_5"}
+HYBRID_ARCHITECTURES = {"Qwen3_5ForCausalLM": "qwen3_5", "Qwen3NextForCausalLM": "qwen3_next"}
+INTERLEAVED = ("qwen3_next",)  # families whose GDN projections are interleaved per key head
 ATTENTION, GDN = "attention", "gdn"
 
 
@@ -34,13 +39,13 @@ def _weight(proj) -> torch.Tensor:
     if type(getattr(proj, "quant_method", None)).__name__ not in ("UnquantizedLinearMethod", "NoneType"):
         raise UnsupportedModelError("RidgeFill needs unquantised projections on hybrid models")
     if getattr(proj, "bias", None) is not None:
-        raise UnsupportedModelError("RidgeFill expects bias-free projections on Qwen3.5")
+        raise UnsupportedModelError("RidgeFill expects bias-free projections on hybrid models")
     return weight
 
 
 class HybridModelAdapter(ModelAdapter):
-    """Reads a Qwen3.5 (dense, text) model: attention layers like the dense families, GDN layers through
-    their input projections and SGLang's linear-attention backend."""
+    """Reads a Qwen3.5 (dense, text) or Qwen3-Next model: attention layers like the dense families, GDN
+    layers through their input projections and SGLang's linear-attention backend."""
 
     def __init__(self, lm: torch.nn.Module):  # noqa: D107 - the base constructor reads layer 0's attention
         family = HYBRID_ARCHITECTURES.get(type(lm).__name__)
@@ -50,9 +55,7 @@ class HybridModelAdapter(ModelAdapter):
         self.lm = lm
         self.model = lm.model
         self.layers = self.model.layers
-        if any(hasattr(layer.mlp, "experts") for layer in self.layers):
-            raise UnsupportedModelError("RidgeFill does not support Qwen3.5 MoE models yet")
-        if self.model.start_layer != 0 or self.model.end_layer != len(self.layers):
+        if getattr(self.model, "start_layer", 0) != 0 or getattr(self.model, "end_layer", len(self.layers)) != len(self.layers):
             raise UnsupportedModelError("RidgeFill does not support pipeline parallelism")
         kinds = []
         for layer in self.layers:
@@ -82,8 +85,14 @@ class HybridModelAdapter(ModelAdapter):
             mixer = self.layers[l].linear_attn
             if getattr(mixer, "attn_tp_size", 1) != 1:
                 raise UnsupportedModelError("RidgeFill does not support tensor parallelism")
-            qkvz = _weight(mixer.in_proj_qkvz)
-            self._gdn_weights[l] = (qkvz[: mixer.conv_dim], qkvz[mixer.conv_dim :], _weight(mixer.in_proj_ba))
+            qkvz, ba = _weight(mixer.in_proj_qkvz), _weight(mixer.in_proj_ba)
+            qkv_rows, z_rows, ba_rows = gdn_rows(mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim,
+                                                 mixer.head_v_dim, family in INTERLEAVED)
+            if family in INTERLEAVED:  # reordered copies (one gather at load, none per row)
+                self._gdn_weights[l] = (qkvz[qkv_rows.to(qkvz.device)].contiguous(),
+                                        qkvz[z_rows.to(qkvz.device)].contiguous(), ba[ba_rows.to(ba.device)].contiguous())
+            else:  # views
+                self._gdn_weights[l] = (qkvz[: mixer.conv_dim], qkvz[mixer.conv_dim :], ba)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -169,12 +178,14 @@ class HybridModelAdapter(ModelAdapter):
         mixer = self.layers[layer_id].linear_attn
         return gdn_gates(mixer.A_log, a, mixer.dt_bias)
 
-    def finish_layer(self, layer_id: int, x_in: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+    def finish_layer(self, layer_id: int, x_in: torch.Tensor, mixed: torch.Tensor, fb=None) -> torch.Tensor:
         """Residual add, post-attention norm, MLP and residual add: the layer's output ``[rows, d]`` from its
-        input ``x_in`` and the mixer's output ``mixed``."""
+        input ``x_in`` and the mixer's output ``mixed`` (``fb``: the batch a sparse MoE block is told about)."""
         layer = self.layers[layer_id]
         x_mid = x_in + mixed
-        return x_mid + layer.mlp(layer.post_attention_layernorm(x_mid))
+        h = layer.post_attention_layernorm(x_mid)
+        out = layer.mlp(h, forward_batch=fb) if hasattr(layer.mlp, "experts") else layer.mlp(h)
+        return x_mid + out
 
 
 def make_adapter(lm: torch.nn.Module) -> ModelAdapter:

@@ -87,8 +87,11 @@ HYBRID_HIDDEN = 64
 TERMINAL_FILE = "terminal_state.safetensors"
 
 # What a CPU engine needs for a hybrid model besides cpu_engine_kwargs (HYBRID_NOTES.md, CPU recipe).
+# The static fraction is of the memory free at startup: a larger share than the dense tests' 0.05 keeps a
+# shared machine's fluctuations from leaving the state cache nothing (the KV pool stays capped by
+# max_total_tokens).
 HYBRID_ENGINE_KWARGS = dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
-                            max_mamba_cache_size=32)
+                            max_mamba_cache_size=32, mem_fraction_static=0.25)
 HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}  # a float32 conv window, as transformers keeps it
 
 
@@ -103,7 +106,7 @@ def random_offsets(hf_model, split: int, seed: int = 2) -> dict[int, torch.Tenso
 
 
 class TinyHybrid:
-    """A random Qwen3.5 checkpoint, its HF twin, the hybrid oracle, maps at ``HYBRID_SPLIT`` for every upper
+    """A random Qwen3.5 (or Qwen3-Next) checkpoint, its HF twin, the hybrid oracle, maps at ``HYBRID_SPLIT`` for every upper
     layer, and terminal-state offsets (random) in the maps folder."""
 
     def __init__(self, root, family: str = "qwen3_5"):
@@ -137,5 +140,18 @@ class TinyHybrid:
 
 
 @pytest.fixture(scope="session")
-def tiny_hybrid(tmp_path_factory):
-    return TinyHybrid(tmp_path_factory.mktemp("hybrid"))
+def tiny_hybrids(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    cache: dict[str, TinyHybrid] = {}
+
+    def get(family: str) -> TinyHybrid:
+        if family not in cache:
+            cache[family] = TinyHybrid(root, family)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tiny_hybrids):
+    return tiny_hybrids("qwen3_5")

@@ -37,7 +37,7 @@ def _generate(url: str, ids: list[int]) -> dict:
 def runs(tiny_hybrid):
     model = tiny_hybrid
     args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
-            "--mem-fraction-static", "0.05", "--max-mamba-cache-size", "32", "--chunked-prefill-size", "48",
+            "--mem-fraction-static", "0.25", "--max-mamba-cache-size", "32", "--chunked-prefill-size", "48",
             "--disable-radix-cache", "--skip-tokenizer-init"]
     with cpu_server(args, env=HYBRID_ENV) as url:
         stock = [_generate(url, ids) for ids in PROMPTS]

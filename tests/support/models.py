@@ -13,7 +13,7 @@ import pathlib
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-HYBRID_FAMILIES = ("qwen3_5",)  # Gated DeltaNet hybrids (attention every 4th layer)
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_next")  # Gated DeltaNet hybrids (attention every 4th layer)
 VOCAB_SIZE = 1024
 HYBRID_ATTENTION_EVERY = 4
 
@@ -76,6 +76,16 @@ def _config(family: str, num_layers: int, hidden_size: int, vocab_size: int, tie
         return Qwen3_5TextConfig(
             head_dim=hidden_size // 2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
             linear_value_head_dim=16, linear_conv_kernel_dim=4, **common,
+        )
+    if family == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        # Sparse MoE on every layer: 4 experts, 2 per token, a gated shared expert.
+        return Qwen3NextConfig(
+            head_dim=hidden_size // 2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=hidden_size, shared_expert_intermediate_size=hidden_size, decoder_sparse_step=1,
+            norm_topk_prob=True, **common,
         )
     raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES + HYBRID_FAMILIES}")
 

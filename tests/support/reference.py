@@ -176,8 +176,15 @@ class Reference:
         return total
 
 
+def _mlp(layer, x):
+    """A decoder layer's MLP on rows ``x`` ``[rows, d]`` (Qwen3-Next's sparse MoE block takes ``[batch, seq, d]``)."""
+    out = layer.mlp(x[None])
+    return (out[0] if isinstance(out, tuple) else out)[0]
+
+
 class HybridReference:
-    """The same oracle for a Gated DeltaNet hybrid (Hugging Face ``Qwen3_5ForCausalLM``), written from the
+    """The same oracle for a Gated DeltaNet hybrid (Hugging Face ``Qwen3_5ForCausalLM`` or
+    ``Qwen3NextForCausalLM``), written from the
     method, not from the runtime: attention layers as in :class:`Reference`; each upper GDN layer runs its
     own short conv and gated delta rule over one sequence in position order from the exact state at
     ``start``: the rows ``[start, N)`` with ``x̂_l`` for filled rows and exact inputs for exact rows and the
@@ -224,15 +231,21 @@ class HybridReference:
         scores = scores.masked_fill(~mask[None], float("-inf"))
         out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv).reshape(len(rows), -1)
         x = x + layer.self_attn.o_proj(out * torch.sigmoid(gate))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + _mlp(layer, layer.post_attention_layernorm(x))
 
     # ------------------------------------------------------------------ GDN layers
     def _gdn_parts(self, layer_id, x_in):
         """``mixed_qkv`` (before the conv), ``z``, ``g`` (log decay), ``beta`` for rows with inputs ``x_in``."""
         mix = self.layers[layer_id].linear_attn
         h = self.layers[layer_id].input_layernorm(x_in)
-        g = -mix.A_log.float().exp() * torch.nn.functional.softplus(mix.in_proj_a(h).float() + mix.dt_bias)
-        return mix.in_proj_qkv(h), mix.in_proj_z(h), g, mix.in_proj_b(h).sigmoid()
+        if hasattr(mix, "in_proj_qkv"):  # Qwen3.5: contiguous projections
+            mixed, z, b, a = mix.in_proj_qkv(h), mix.in_proj_z(h), mix.in_proj_b(h), mix.in_proj_a(h)
+        else:  # Qwen3-Next: interleaved per key head; transformers' own reordering
+            q, k, v, z, b, a = mix.fix_query_key_value_ordering(mix.in_proj_qkvz(h)[None], mix.in_proj_ba(h)[None])
+            mixed = torch.cat([q[0].reshape(len(h), -1), k[0].reshape(len(h), -1), v[0].reshape(len(h), -1)], dim=-1)
+            z, b, a = z[0].reshape(len(h), -1), b[0], a[0]
+        g = -mix.A_log.float().exp() * torch.nn.functional.softplus(a.float() + mix.dt_bias)
+        return mixed, z, g, b.sigmoid()
 
     def _gdn_run(self, layer_id, mixed, g, beta, window, state):
         """Conv over ``[window | mixed]`` then the recurrence from ``state``; returns (o [rows, HV, V], new
@@ -262,7 +275,7 @@ class HybridReference:
         mix = layer.linear_attn
         out = mix.norm(o.reshape(-1, mix.head_v_dim), z.reshape(-1, mix.head_v_dim)).reshape(x.shape[0], -1)
         x = x + mix.out_proj(out)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + _mlp(layer, layer.post_attention_layernorm(x))
 
     def _empty(self, layer_id):
         mix = self.layers[layer_id].linear_attn
