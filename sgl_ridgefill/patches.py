@@ -3,7 +3,8 @@
 Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_cpu`` attention backend,
 the per-request parameter check and the shape of ``meta_info["ridgefill"]`` in the tokenizer process
 (the server's own process loads plugins before it parses ``--prefill-backend``, so what runs there
-decides per request, not at registration). Only when ``--prefill-backend ridgefill``
+decides per request, not at registration); under the CPU recipe, PyTorch paths for the SGLang code of
+Gated DeltaNet hybrids that would reach Triton or CUDA on CPU tensors. Only when ``--prefill-backend ridgefill``
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
