@@ -4,7 +4,8 @@ Always (every process, RidgeFill on or off): the server flags, the ``ridgefill_c
 the per-request parameter check and the shape of ``meta_info["ridgefill"]`` in the tokenizer process
 (the server's own process loads plugins before it parses ``--prefill-backend``, so what runs there
 decides per request, not at registration), a PD decode worker's check of the KV it receives, and the
-Mooncake sender's CPU path. Only when ``--prefill-backend ridgefill``
+Mooncake sender's CPU path; under the CPU recipe, PyTorch paths for the SGLang code of Gated DeltaNet
+hybrids that would reach Triton or CUDA on CPU tensors. Only when ``--prefill-backend ridgefill``
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
@@ -50,6 +51,8 @@ MODEL_FORWARDS = (
     "sglang.srt.models.llama.LlamaForCausalLM.forward",
     "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
     "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
+    "sglang.srt.models.qwen3_5_text.Qwen3_5ForCausalLM.forward",
+    "sglang.srt.models.qwen3_next.Qwen3NextForCausalLM.forward",
 )
 # Prefill/decode disaggregation (runtime/disaggregation.py).
 PD_SEND = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
@@ -58,6 +61,12 @@ PD_BOOTSTRAP = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize
 PD_RECEIVE = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
 PD_CPU_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
 ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, GENERATE, PD_RECEIVE, PD_CPU_SENDER)
+# Only under the CPU recipe (the sgl_kernel stand-in first on the path): the gated norm of Gated DeltaNet layers.
+GATED_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
+FUSED_GATED_NORM = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"  # Qwen3-Next
+NEXT_GDN_INIT = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
+SHARED_EXPERT_GATE = "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add"  # Qwen2/3 MoE blocks
+CPU_TARGETS = (GATED_NORM, FUSED_GATED_NORM, NEXT_GDN_INIT, SHARED_EXPERT_GATE)
 ENABLED_TARGETS = (
     LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
     REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS, PD_SEND, PD_DESCRIBE, PD_BOOTSTRAP,
@@ -158,6 +167,72 @@ def after_mooncake_sender_init(result: Any, sender: Any, *args: Any, **kwargs: A
     if is_cpu():
         sender.supports_host_tensor_indices = False
     return None
+
+
+def around_gated_norm_forward(original, norm: Any, x: Any, z: Any = None) -> Any:
+    """AROUND fla's gated ``RMSNorm.forward`` (the output norm of Gated DeltaNet layers, Qwen3.5): on a CPU
+    without AMX SGLang sends CPU tensors to a Triton kernel, which cannot run them; the CPU recipe computes
+    the same norm in PyTorch (``cpu/gdn_ops.py``). Registered only where the CPU ``sgl_kernel`` stand-in is
+    in use; any other tensor still goes to SGLang's kernel."""
+    if getattr(x, "device", None) is None or x.device.type != "cpu":
+        return original(norm, x, z)
+    from .cpu.gdn_ops import rmsnorm_gated
+
+    return rmsnorm_gated(x, norm.weight, z, norm.eps, norm.activation, norm.norm_before_gate, norm.group_size)
+
+
+def around_fused_gated_norm_forward(original, norm: Any, x: Any, g: Any, residual: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """AROUND fla's ``FusedRMSNormGated.forward`` (Qwen3-Next's GDN output norm): as
+    :func:`around_gated_norm_forward`; calls with a residual still go to SGLang's kernel."""
+    if getattr(x, "device", None) is None or x.device.type != "cpu" or residual is not None or args or kwargs.get("prenorm"):
+        return original(norm, x, g, residual, *args, **kwargs)
+    from .cpu.gdn_ops import rmsnorm_gated
+
+    return rmsnorm_gated(x, norm.weight, g, norm.eps, norm.activation)
+
+
+def around_next_gdn_init(original, mixer: Any, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``Qwen3GatedDeltaNet.__init__`` (Qwen3-Next): SGLang places the output norm's weight on
+    ``torch.get_device_module().current_device()``, which is CUDA's even in a CPU process of the CUDA wheel
+    and fails without a driver; on the CPU recipe that call answers the CPU while the mixer is built."""
+    import torch
+
+    get_device_module = torch.get_device_module
+
+    def cpu_device_module(device: Any = None):
+        return torch.cpu if device is None else get_device_module(device)
+
+    torch.get_device_module = cpu_device_module
+    try:
+        return original(mixer, *args, **kwargs)
+    finally:
+        torch.get_device_module = get_device_module
+
+
+def around_shared_expert_gate(original, hidden: Any, gate_weight: Any, shared: Any, out: Any) -> None:
+    """AROUND ``fused_gate_sigmoid_mul_add`` (the shared expert's gate of Qwen2-MoE-style blocks, Qwen3-Next):
+    a Triton kernel on any device; on CPU tensors the same ``out += sigmoid(hidden @ w) * shared`` in
+    float32, in PyTorch."""
+    if getattr(hidden, "device", None) is None or hidden.device.type != "cpu":
+        return original(hidden, gate_weight, shared, out)
+    gate = ((hidden.float() * gate_weight.float()).sum(-1, keepdim=True)).sigmoid()
+    out.copy_((out.float() + gate * shared.float()).to(out.dtype))
+    return None
+
+
+def _cpu_shim_active() -> bool:
+    """Whether this process runs SGLang through the CPU recipe (the ``sgl_kernel`` stand-in is the one found)."""
+    import importlib.util
+    import os
+    import pathlib
+
+    from .cpu.environment import SHIM_DIR
+
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        return False
+    spec = importlib.util.find_spec("sgl_kernel")
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return origin is not None and pathlib.Path(origin).resolve().is_relative_to(SHIM_DIR)
 
 
 # ----------------------------------------------------------------------------- RidgeFill on
@@ -324,7 +399,7 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
 
 
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
-    """AROUND ``{Llama,Qwen2,Qwen3}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
+    """AROUND ``{Llama,Qwen2,Qwen3,Qwen3_5,Qwen3Next}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
     runs the two-sweep prefill for the requests it admitted (``runtime/prefill.py``). Decode, exact
     requests and anything else call the original unchanged."""
     from .runtime.runtime import get_runtime
@@ -444,8 +519,15 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(PD_RECEIVE, after_commit_transfer, HookType.AFTER)
     HookRegistry.register(PD_CPU_SENDER, after_mooncake_sender_init, HookType.AFTER)
     _register_attention_backend()
+    always = ALWAYS_TARGETS
+    if _cpu_shim_active():
+        HookRegistry.register(GATED_NORM, around_gated_norm_forward, HookType.AROUND)
+        HookRegistry.register(FUSED_GATED_NORM, around_fused_gated_norm_forward, HookType.AROUND)
+        HookRegistry.register(NEXT_GDN_INIT, around_next_gdn_init, HookType.AROUND)
+        HookRegistry.register(SHARED_EXPERT_GATE, around_shared_expert_gate, HookType.AROUND)
+        always += CPU_TARGETS
     if not enabled:
-        return ALWAYS_TARGETS
+        return always
     _wrap_gpu_backends()
     HookRegistry.register(LOAD_MODEL, after_load_model, HookType.AFTER)
     HookRegistry.register(INIT_ATTENTION, after_init_attention_backends, HookType.AFTER)
@@ -463,7 +545,7 @@ def register_hooks(enabled: bool) -> tuple[str, ...]:
     HookRegistry.register(PD_SEND, around_send_kv_chunk, HookType.AROUND)
     HookRegistry.register(PD_DESCRIBE, after_set_buf, HookType.AFTER)
     HookRegistry.register(PD_BOOTSTRAP, after_finalize_bootstrap, HookType.AFTER)
-    return ALWAYS_TARGETS + ENABLED_TARGETS
+    return always + ENABLED_TARGETS
 
 
 def missing_hooks(targets: tuple[str, ...]) -> list[str]:

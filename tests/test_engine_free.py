@@ -23,6 +23,8 @@ _CORE = (
     ("sgl_ridgefill/cpu/dtype.py", "sgl_ridgefill.cpu.dtype"),
     ("sgl_ridgefill/cpu/sizing.py", "sgl_ridgefill.cpu.sizing"),
     ("sgl_ridgefill/shipped_maps.py", "sgl_ridgefill.shipped_maps"),
+    ("sgl_ridgefill/cpu/gdn_ops.py", "sgl_ridgefill.cpu.gdn_ops"),
+    ("sgl_ridgefill/gdn_layout.py", "sgl_ridgefill.gdn_layout"),
 )
 _HOST = ("sglang", "sgl_kernel")
 

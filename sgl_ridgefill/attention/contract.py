@@ -72,7 +72,11 @@ def current_row_queries() -> RowQueries | None:
 
 
 def capability(backend: Any, name: str) -> bool:
-    """Whether ``backend`` (or, for SGLang's hybrid backend, the part that runs the phase) declares ``name``."""
+    """Whether ``backend`` (or, for SGLang's hybrid backend, the part that runs the phase) declares ``name``.
+
+    SGLang's linear-attention hybrid backend (Gated DeltaNet models) sends softmax-attention layers to its
+    ``full_attn_backend``, which is the one that answers."""
+    backend = getattr(backend, "full_attn_backend", backend)
     if name == HIDDEN_KEYS:
         backend = getattr(backend, "decode_backend", backend)
     else:

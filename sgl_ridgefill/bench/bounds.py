@@ -13,6 +13,15 @@ The FLOP-counted bound counts multiply-adds (2 FLOPs each) of the whole prefill,
   ``2 * d * 2 * kv_heads * head_dim``;
 - the LM head for the one row that is sampled, and an optional selector cost.
 
+Hybrid models (Gated DeltaNet layers between attention layers: Qwen3.5, Qwen3-Next) count each layer by
+kind. A GDN layer has no attention pairs; per row it costs its projections (``[q|k|v|z]``, ``[b|a]``,
+``out_proj``), the MLP, the short conv (``2 * conv_dim * width``) and the recurrence (``8 * HV * V * K``:
+decay, read, update and output of each value head's ``[V, K]`` state). A *filled* row still costs an upper
+GDN layer its map, the ``[q|k|v]`` and ``[b|a]`` projections (no ``z``), the conv and the recurrence: it
+updates the state the tail inherits. Only its ``z`` projection, output norm, ``out_proj`` and MLP are
+saved, so the attention-only ratio overstates the saving on hybrids. Attention layers of Qwen3.5 also
+project an output gate (``q_proj`` is twice as wide).
+
 Exact prefix rows are assumed spread evenly over the prefix (their attention pairs are counted at the
 prefix's mean position). Nothing here imports SGLang.
 """
@@ -27,9 +36,39 @@ from typing import Any
 SELECTOR_QUERY_ROWS = 64
 
 
+ATTENTION, GDN = "attention", "gdn"
+_HF_KINDS = {"full_attention": ATTENTION, "attention": ATTENTION, "linear_attention": GDN}
+_GATED_ATTENTION_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearDims:
+    """A Gated DeltaNet layer's sizes: key/value heads, their widths, the conv width."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_width: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDims:
-    """The sizes of a dense decoder that the FLOP count needs."""
+    """The sizes of a decoder that the FLOP count needs. ``layer_kinds`` (``attention`` / ``gdn`` per layer)
+    and ``linear`` describe a hybrid; a dense model leaves them empty. ``attn_output_gate``: the attention's
+    Q projection also produces an output gate (Qwen3.5)."""
 
     num_layers: int
     hidden_size: int
@@ -38,12 +77,22 @@ class ModelDims:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    layer_kinds: tuple[str, ...] = ()
+    linear: LinearDims | None = None
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
+            if field.name in ("layer_kinds", "linear", "attn_output_gate"):
+                continue
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelDims.{field.name} must be a positive integer, got {value!r}")
+        if self.layer_kinds:
+            if len(self.layer_kinds) != self.num_layers or set(self.layer_kinds) - {ATTENTION, GDN}:
+                raise ValueError(f"ModelDims.layer_kinds must give attention or gdn for each of {self.num_layers} layers")
+            if GDN in self.layer_kinds and self.linear is None:
+                raise ValueError("ModelDims: a model with gdn layers needs its LinearDims")
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], *, source: str = "config") -> ModelDims:
@@ -55,14 +104,33 @@ class ModelDims:
             raise ValueError(f"{source}: missing {', '.join(missing)}; cannot count FLOPs for this model")
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
+        layers = int(config["num_hidden_layers"])
+        kinds: tuple[str, ...] = ()
+        linear = None
+        if config.get("layer_types"):
+            kinds = tuple(_HF_KINDS.get(t, ATTENTION) for t in config["layer_types"])
+        elif config.get("full_attention_interval"):
+            every = int(config["full_attention_interval"])
+            kinds = tuple(ATTENTION if (l + 1) % every == 0 else GDN for l in range(layers))
+        if GDN in kinds:
+            linear = LinearDims(
+                num_key_heads=int(config["linear_num_key_heads"]), num_value_heads=int(config["linear_num_value_heads"]),
+                key_head_dim=int(config["linear_key_head_dim"]), value_head_dim=int(config["linear_value_head_dim"]),
+                conv_width=int(config.get("linear_conv_kernel_dim") or 4),
+            )
+        else:
+            kinds = ()
         return cls(
-            num_layers=int(config["num_hidden_layers"]),
+            num_layers=layers,
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or hidden // heads),
             intermediate_size=int(config["intermediate_size"]),
             vocab_size=int(config["vocab_size"]),
+            layer_kinds=kinds,
+            linear=linear,
+            attn_output_gate=bool(config.get("attn_output_gate", config.get("model_type") in _GATED_ATTENTION_TYPES)),
         )
 
     @property
@@ -75,10 +143,37 @@ class ModelDims:
 
     @property
     def layer_params(self) -> int:
-        """Weights of one layer's projections and MLP (Q, K, V, O, gate, up, down)."""
+        """Weights of one attention layer's projections and MLP (Q (and its output gate), K, V, O, gate, up, down)."""
         d = self.hidden_size
-        attention = d * self.q_size + 2 * d * self.kv_size + self.q_size * d
+        q_out = self.q_size * (2 if self.attn_output_gate else 1)
+        attention = d * q_out + 2 * d * self.kv_size + self.q_size * d
         return attention + 3 * d * self.intermediate_size
+
+    def kinds(self) -> tuple[str, ...]:
+        return self.layer_kinds or (ATTENTION,) * self.num_layers
+
+    def _linear(self) -> LinearDims:
+        assert self.linear is not None
+        return self.linear
+
+    @property
+    def gdn_state_flops(self) -> float:
+        """The short conv and the recurrence of one row in one GDN layer."""
+        lin = self._linear()
+        return float(2 * lin.conv_dim * lin.conv_width + 8 * lin.num_value_heads * lin.value_head_dim * lin.key_head_dim)
+
+    @property
+    def gdn_row_flops(self) -> float:
+        """One exact row through one GDN layer: projections, out_proj, MLP, conv and recurrence."""
+        lin, d = self._linear(), self.hidden_size
+        params = d * (lin.conv_dim + lin.value_dim) + d * 2 * lin.num_value_heads + lin.value_dim * d
+        return float(2 * (params + 3 * d * self.intermediate_size)) + self.gdn_state_flops
+
+    @property
+    def gdn_fill_flops(self) -> float:
+        """One filled row in one upper GDN layer, the map excluded: ``[q|k|v]``, ``[b|a]``, conv, recurrence."""
+        lin, d = self._linear(), self.hidden_size
+        return float(2 * d * (lin.conv_dim + 2 * lin.num_value_heads)) + self.gdn_state_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,34 +246,45 @@ class FlopCount:
         return self.linear + self.attention + self.fill + self.selector + self.lm_head
 
 
+def _row_flops(dims: ModelDims, kind: str) -> float:
+    """One exact row through one layer of ``kind``, attention pairs excluded."""
+    return float(2 * dims.layer_params) if kind == ATTENTION else dims.gdn_row_flops
+
+
 def exact_prefill_flops(dims: ModelDims, num_tokens: int) -> FlopCount:
     """Every layer for every row of an ``num_tokens``-row prompt."""
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    n, layers = num_tokens, dims.num_layers
+    n, kinds = num_tokens, dims.kinds()
     attn_per_pair = 4 * dims.head_dim * dims.num_heads
     return FlopCount(
-        linear=float(layers * n * 2 * dims.layer_params),
-        attention=float(layers * attn_per_pair * causal_pairs(0, n)),
+        linear=float(n * sum(_row_flops(dims, kind) for kind in kinds)),
+        attention=float(kinds.count(ATTENTION) * attn_per_pair * causal_pairs(0, n)),
         lm_head=float(2 * dims.hidden_size * dims.vocab_size),
     )
 
 
 def ridgefill_prefill_flops(dims: ModelDims, shape: RidgeFillShape, *, selector_flops: float = 0.0) -> FlopCount:
-    """RidgeFill: lower layers for every row, the fill for filled rows, upper layers for tail and exact rows."""
+    """RidgeFill: lower layers for every row, the fill for filled rows, upper layers for tail and exact rows.
+    A filled row in an upper GDN layer is counted with what it still costs there (``ModelDims.gdn_fill_flops``)."""
     _check_split(shape, dims.num_layers)
-    n, s, upper = shape.num_tokens, shape.split, dims.num_layers - shape.split
+    n, s = shape.num_tokens, shape.split
+    kinds = dims.kinds()
+    lower, upper = kinds[:s], kinds[s:]
     attn_per_pair = 4 * dims.head_dim * dims.num_heads
     exact_upper_rows = shape.tail_rows + shape.exact_rows
     # Exact rows spread evenly over the prefix: on average a row at position (prefix - 1) / 2 sees
     # (prefix + 1) / 2 keys.
     exact_pairs = shape.exact_rows * (shape.prefix + 1) / 2
     upper_pairs = causal_pairs(shape.prefix, shape.tail_rows) + exact_pairs
-    fill_per_row_layer = 2 * dims.hidden_size * dims.hidden_size + 2 * dims.hidden_size * 2 * dims.kv_size
+    map_flops = 2 * dims.hidden_size * dims.hidden_size
+    fill_per_row = {ATTENTION: map_flops + 2 * dims.hidden_size * 2 * dims.kv_size}
+    if GDN in upper:
+        fill_per_row[GDN] = map_flops + dims.gdn_fill_flops
     return FlopCount(
-        linear=float(2 * dims.layer_params * (s * n + upper * exact_upper_rows)),
-        attention=float(attn_per_pair * (s * causal_pairs(0, n) + upper * upper_pairs)),
-        fill=float(upper * shape.filled_rows * fill_per_row_layer),
+        linear=float(n * sum(_row_flops(dims, k) for k in lower) + exact_upper_rows * sum(_row_flops(dims, k) for k in upper)),
+        attention=float(attn_per_pair * (lower.count(ATTENTION) * causal_pairs(0, n) + upper.count(ATTENTION) * upper_pairs)),
+        fill=float(shape.filled_rows * sum(fill_per_row[k] for k in upper)),
         selector=float(selector_flops),
         lm_head=float(2 * dims.hidden_size * dims.vocab_size),
     )

@@ -1,7 +1,8 @@
 """Random-weight artifacts: models of a real or a tiny shape and maps folders for them.
 
 Speed does not depend on the weights, only on the shape, so TTFT can be measured without a model hub:
-``make_random_model`` writes an HF folder (bf16 safetensors) of a Qwen2 or Llama shape (:data:`SHAPES`)
+``make_random_model`` writes an HF folder (bf16 safetensors) of a Qwen2, Llama or Qwen3.5 (Gated DeltaNet
+hybrid) shape (:data:`SHAPES`)
 under a fixed seed, and ``make_near_identity_maps`` writes a valid maps folder for it (``A = I + noise``,
 ``b = 0``) with the model's own fingerprint, so a RidgeFill server accepts it. Neither says anything about
 quality.
@@ -12,6 +13,7 @@ what the engine tests and ``sgl-ridgefill soak --tiny`` serve.
 
     python -m sgl_ridgefill.bench.synthetic --out /tmp/rfbench          # model/ and maps-s12/
     python -m sgl_ridgefill.bench.synthetic --out /tmp/rf8b --shape llama-3.1-8b --device cuda
+    python -m sgl_ridgefill.bench.synthetic --out /tmp/rfq35 --shape qwen3.5-d1024 --split 9
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from collections.abc import Sequence
 import torch
 
 
-FAMILIES = ("qwen2", "llama")
+FAMILIES = ("qwen2", "llama", "qwen3_5")
 
 
 @dataclasses.dataclass(frozen=True)
 class RandomModelShape:
-    """The sizes of a Qwen2- or Llama-family decoder (defaults: Qwen2-0.5B)."""
+    """The sizes of a Qwen2-, Llama- or Qwen3.5-family decoder (defaults: Qwen2-0.5B). Qwen3.5 also takes
+    ``head_dim``, the Gated DeltaNet heads (``linear_*``) and ``attention_every`` (its layout: attention on
+    every ``attention_every``-th layer, Gated DeltaNet between)."""
 
     num_layers: int = 24
     hidden_size: int = 896
@@ -44,6 +48,11 @@ class RandomModelShape:
     family: str = "qwen2"
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 32768
+    head_dim: int | None = None
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_head_dim: int = 128
+    attention_every: int = 4
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -52,8 +61,10 @@ class RandomModelShape:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RandomModelShape.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_heads:
+        if self.hidden_size % self.num_heads and self.head_dim is None:
             raise ValueError(f"RandomModelShape: hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.family == "qwen3_5" and (self.linear_key_heads < 1 or self.linear_value_heads % self.linear_key_heads):
+            raise ValueError("RandomModelShape: a qwen3_5 shape needs linear_value_heads a multiple of linear_key_heads >= 1")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"RandomModelShape: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
@@ -63,7 +74,15 @@ LLAMA_3_1_8B = RandomModelShape(
     num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=128256,
     tie_word_embeddings=False, family="llama", rope_theta=500_000.0, max_position_embeddings=131072,
 )
-SHAPES = {"qwen2-0.5b": QWEN2_0_5B, "llama-3.1-8b": LLAMA_3_1_8B}
+# Qwen3.5-9B's proportions (heads of 256 with an output gate, Gated DeltaNet key heads 128 wide and twice as
+# many value heads, MLP 3 d, attention every 4th layer) at a quarter of its width, 24 layers: small enough for
+# 8K-token prefills on a CPU.
+QWEN3_5_D1024 = RandomModelShape(
+    num_layers=24, hidden_size=1024, num_heads=4, num_kv_heads=1, intermediate_size=3072, vocab_size=32768,
+    tie_word_embeddings=False, family="qwen3_5", rope_theta=10_000_000.0, head_dim=256, linear_key_heads=4,
+    linear_value_heads=8, linear_head_dim=128,
+)
+SHAPES = {"qwen2-0.5b": QWEN2_0_5B, "llama-3.1-8b": LLAMA_3_1_8B, "qwen3.5-d1024": QWEN3_5_D1024}
 
 
 def make_random_model(
@@ -81,10 +100,22 @@ def make_random_model(
     ``--skip-tokenizer-init`` and send token ids. ``device="cuda"`` initialises the weights there in bf16
     (an 8B model in seconds instead of 32 GB of float32 on the host; other weights than on CPU).
     """
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig,
+    )
 
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[shape.family]
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+                                 "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM)}[shape.family]
     out_dir = pathlib.Path(out_dir)
+    extra: dict = {}
+    if shape.family == "qwen3_5":
+        extra = dict(
+            head_dim=shape.head_dim, linear_num_key_heads=shape.linear_key_heads,
+            linear_num_value_heads=shape.linear_value_heads, linear_key_head_dim=shape.linear_head_dim,
+            linear_value_head_dim=shape.linear_head_dim,
+            layer_types=[("full_attention" if (l + 1) % shape.attention_every == 0 else "linear_attention")
+                         for l in range(shape.num_layers)],
+        )
     config = config_class(
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -98,6 +129,7 @@ def make_random_model(
         initializer_range=init_std,
         bos_token_id=0,
         eos_token_id=1,
+        **extra,
     )
     torch.manual_seed(seed)
     if device == "cpu":
@@ -112,6 +144,11 @@ def make_random_model(
             torch.set_default_dtype(previous)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
+    if shape.family == "qwen3_5":  # SGLang reads the layout from full_attention_interval (transformers drops it)
+        cfg_path = out_dir / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["full_attention_interval"] = shape.attention_every
+        cfg_path.write_text(json.dumps(cfg, indent=2))
     return out_dir
 
 
@@ -175,7 +212,9 @@ def make_near_identity_maps(
 
 # ----------------------------------------------------------------------------- tiny models (tests, soak)
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+TINY_HYBRID_FAMILIES = ("qwen3_5", "qwen3_next")  # Gated DeltaNet hybrids (attention every 4th layer)
 TINY_VOCAB_SIZE = 1024
+TINY_HYBRID_ATTENTION_EVERY = 4
 
 
 @functools.lru_cache(maxsize=1)
@@ -229,7 +268,40 @@ def _tiny_config(family: str, num_layers: int, hidden_size: int, vocab_size: int
         return Qwen2Config(**common)
     if family == "qwen3":
         return Qwen3Config(head_dim=hidden_size // 4, **common)
-    raise ValueError(f"unknown family {family!r}; expected one of {TINY_FAMILIES}")
+    if family == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        # Linear-attention heads: 2 key heads, 4 value heads (HV > Hk, as in the real models), 16 wide each.
+        return Qwen3_5TextConfig(
+            head_dim=hidden_size // 2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, **common,
+        )
+    if family == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        # Sparse MoE on every layer: 4 experts, 2 per token, a gated shared expert.
+        return Qwen3NextConfig(
+            head_dim=hidden_size // 2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=hidden_size, shared_expert_intermediate_size=hidden_size, decoder_sparse_step=1,
+            norm_topk_prob=True, **common,
+        )
+    raise ValueError(f"unknown family {family!r}; expected one of {TINY_FAMILIES + TINY_HYBRID_FAMILIES}")
+
+
+def _spread_gdn_memory(model, seed: int) -> None:
+    """Gate rates per value head from fast-forgetting to long-remembering (``A = exp(A_log)`` from 0.005 to 4;
+    the initialiser's uniform 0.01..16 forgets almost everything within a few tokens), so the prefix's part of
+    each state, and the fill's error in it, reaches the tail and the tests see it."""
+    gen = torch.Generator().manual_seed(seed + 17)
+    for layer in model.model.layers:
+        mixer = getattr(layer, "linear_attn", None)
+        if mixer is None:
+            continue
+        heads = mixer.A_log.numel()
+        rates = torch.logspace(-2.3, 0.6, heads)[torch.randperm(heads, generator=gen)]
+        with torch.no_grad():
+            mixer.A_log.copy_(rates.log())
 
 
 def make_tiny_checkpoint(
@@ -257,7 +329,15 @@ def make_tiny_checkpoint(
     config.initializer_range = init_std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if family in TINY_HYBRID_FAMILIES:
+        _spread_gdn_memory(model, seed)
     model.save_pretrained(path)
+    if family in TINY_HYBRID_FAMILIES:
+        # SGLang reads the layer layout from full_attention_interval, which transformers does not save.
+        cfg_path = path / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["full_attention_interval"] = TINY_HYBRID_ATTENTION_EVERY
+        cfg_path.write_text(json.dumps(cfg, indent=2))
     if with_tokenizer:
         make_tokenizer(path)
     return path

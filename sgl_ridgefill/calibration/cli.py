@@ -8,6 +8,8 @@ pass alone, for several map kinds; ``calibrate fit`` (or ``resolve``): solve sav
     sgl-ridgefill calibrate stats --model DIR_OR_NAME --corpus DIR|builtin --splits 12[,16] --stats DIR
         [--kinds residual,kv+context|all] [--max-tokens N] ... [--force]
     sgl-ridgefill calibrate fit --stats DIR --out DIR [--kind KIND] [--lambda auto|FLOAT] [--quant ...] [--force]
+    sgl-ridgefill calibrate terminal-state --maps DIR --model DIR_OR_NAME --corpus DIR|builtin [--split S]
+        [--arm ridgefill|identity] [--prompts 13] [--interval 2048] [--prompt-tokens N] [--offsets FILE]
 
 User errors print one line and exit 1 (bad input) or 2 (bad usage); no traceback.
 """
@@ -84,7 +86,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     _common(parser)
     parser.set_defaults(func=_calibrate, calibrate_command=None)
 
-    commands = parser.add_subparsers(dest="calibrate_command", metavar="{stats,fit,fingerprint}")
+    commands = parser.add_subparsers(dest="calibrate_command", metavar="{stats,fit,fingerprint,terminal-state}")
     stats = commands.add_parser(
         "stats", help="the statistics pass alone, for one or more map kinds (then `calibrate fit --kind`)"
     )
@@ -109,6 +111,23 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     stamp.add_argument("--model", required=True, help="the model the maps were fitted on (folder or known name)")
     stamp.add_argument("--force", action="store_true", help="replace a fingerprint that does not match --model")
     stamp.set_defaults(func=_fingerprint)
+    terminal = commands.add_parser(
+        "terminal-state", help="measure the terminal-state offsets dM of a hybrid model's maps (Gated DeltaNet)",
+        description="On prompts the maps' calibration did not read, compare every upper Gated DeltaNet layer's "
+        "exact and filled states every --interval tokens; store their mean difference in the maps folder.",
+    )
+    terminal.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder (gains the offsets file)")
+    terminal.add_argument("--model", required=True, help="the model the maps were fitted on (folder or known name)")
+    terminal.add_argument("--corpus", required=True, help="folder of .txt/.jsonl files, or 'builtin'")
+    terminal.add_argument("--split", type=int, default=None, help="split layer (default: the folder's default)")
+    terminal.add_argument("--arm", choices=("ridgefill", "identity"), default="ridgefill", help="fill measured")
+    terminal.add_argument("--prompts", type=_positive, default=13, help="prompts to measure on (default 13)")
+    terminal.add_argument("--interval", type=_positive, default=2048, help="tokens between snapshots (default 2048)")
+    terminal.add_argument("--prompt-tokens", type=_positive, default=32768, help="longest prompt (default 32768)")
+    terminal.add_argument("--offsets", default=None, help="file name in the maps folder (default terminal_state.safetensors)")
+    terminal.add_argument("--dtype", choices=("bfloat16", "float32"), default="float32", help="model dtype")
+    terminal.add_argument("--seed", type=int, default=0, help="document order")
+    terminal.set_defaults(func=_terminal_state)
 
 
 def _pass_options(parser: argparse.ArgumentParser) -> None:
@@ -215,6 +234,21 @@ def _fingerprint(args: argparse.Namespace) -> int:
 
     try:
         path = fingerprint(args.maps, args.model, force=args.force)
+    except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
+        return _fail(str(exc))
+    print(path)
+    return 0
+
+
+def _terminal_state(args: argparse.Namespace) -> int:
+    from .terminal import calibrate_terminal_state
+
+    try:
+        path = calibrate_terminal_state(
+            args.maps, args.model, args.corpus, split=args.split, arm=args.arm, prompts=args.prompts,
+            interval=args.interval, prompt_tokens=args.prompt_tokens, name=args.offsets, dtype=args.dtype,
+            seed=args.seed,
+        )
     except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
         return _fail(str(exc))
     print(path)

@@ -125,7 +125,7 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     from .capture import load_model, read_config
     from .corpus import open_corpus
     from .statpass import check_enough_rows, run_pass
-    from .targets import kv_dim, sink_rule
+    from .targets import kv_dim, recurrent_layers, sink_rule
 
     out_dir = config.out_dir
     if out_dir is not None and out_dir.exists() and not config.force:
@@ -145,6 +145,12 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {dtype.dtype}")
     model, tokenizer, hf_config = load_model(model_dir, dtype.dtype)
     d = int(hf_config["hidden_size"])
+    kv_kinds = [k for k in config.kinds if map_kind(k).predicts_kv]
+    if kv_kinds and recurrent_layers(model):
+        raise CalibrationError(
+            f"--kind/--kinds {','.join(kv_kinds)}: this hybrid model's Gated DeltaNet layers need their input, "
+            "which maps of K and V do not give; fit residual or normalised maps"
+        )
     run = {
         "model": _hf_fingerprint(model, hf_config),
         "tokenizer": tokenizer_fingerprint(tokenizer),

@@ -72,8 +72,14 @@ def kv_projections(model: torch.nn.Module, layers: Sequence[int]) -> dict[int, K
 
 
 def kv_dim(model: torch.nn.Module) -> int:
-    """``num_kv_heads * head_dim``: the width of one layer's K (and of its V)."""
-    return int(decoder_layers(model)[0].self_attn.k_proj.out_features)
+    """``num_kv_heads * head_dim``: the width of one attention layer's K (and of its V)."""
+    attention = [layer for layer in decoder_layers(model) if hasattr(layer, "self_attn")]
+    return int(attention[0].self_attn.k_proj.out_features)
+
+
+def recurrent_layers(model: torch.nn.Module) -> list[int]:
+    """The decoder layers without softmax attention (a hybrid's Gated DeltaNet layers)."""
+    return [i for i, layer in enumerate(decoder_layers(model)) if not hasattr(layer, "self_attn")]
 
 
 class Accumulator:

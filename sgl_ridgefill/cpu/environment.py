@@ -41,6 +41,33 @@ CPU_SERVER_ARGS: dict[str, object] = {
 }
 
 
+# What a Gated DeltaNet hybrid (Qwen3.5, Qwen3-Next) needs besides: SGLang's mamba radix cache snapshots
+# states mid-prompt only on GPU-like platforms (``extra_buffer``); ``no_buffer`` caches sequence-end states,
+# needs page size 1 and the overlap scheduler off.
+HYBRID_CPU_SERVER_ARGS: dict[str, object] = {
+    "mamba_radix_cache_strategy": "no_buffer",
+    "disable_overlap_schedule": True,
+}
+_HYBRID_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+
+
+def is_hybrid_model(model_path: str | os.PathLike[str] | None) -> bool:
+    """Whether the model folder at ``model_path`` is a Gated DeltaNet hybrid (from its ``config.json``)."""
+    import json
+
+    if model_path is None:
+        return False
+    path = pathlib.Path(model_path) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") or {}
+    model_type = config.get("model_type") or text.get("model_type")
+    layer_types = config.get("layer_types") or text.get("layer_types") or ()
+    return model_type in _HYBRID_MODEL_TYPES or "linear_attention" in layer_types
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity), which can be fewer than the machine has."""
     try:

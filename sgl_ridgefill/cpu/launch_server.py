@@ -2,7 +2,8 @@
 
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
-the PyTorch sampler, ``--sleep-on-idle``), then runs ``python -m sglang.launch_server`` with everything else
+the PyTorch sampler, ``--sleep-on-idle``; for a Gated DeltaNet hybrid also ``--mamba-radix-cache-strategy
+no_buffer --disable-overlap-schedule``), then runs ``python -m sglang.launch_server`` with everything else
 passed through. Without ``--dtype`` it adds this CPU's dtype (``dtype.py``: bfloat16 where its matmuls run
 natively, float32 elsewhere) and says which and why on its first line; ``--dtype auto`` is passed through to
 SGLang (the checkpoint's own dtype). ``--tp-size N`` and ``--disaggregation-mode prefill|decode`` get the CPU
@@ -15,16 +16,28 @@ import os
 import sys
 from collections.abc import Mapping
 
-from .environment import CPU_SERVER_ARGS, cpu_environment
+from .environment import CPU_SERVER_ARGS, HYBRID_CPU_SERVER_ARGS, cpu_environment, is_hybrid_model
 from .parallel import Layout, parallel_environment, parallel_flags
+
+
+def _model_path(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg in ("--model-path", "--model") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--model-path=", "--model=")):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def cpu_flags(argv: list[str], extra: Mapping[str, object] | None = None) -> list[str]:
     """``argv`` plus every CPU default (and every ``extra`` flag) whose flag ``argv`` does not already set
-    (``True`` defaults are switches: the flag alone)."""
+    (``True`` defaults are switches: the flag alone); a hybrid model's folder adds the hybrid defaults."""
     given = _given(argv)
     out = list(argv)
-    for key, value in {**CPU_SERVER_ARGS, **(extra or {})}.items():
+    defaults = dict(CPU_SERVER_ARGS)
+    if is_hybrid_model(_model_path(argv)):
+        defaults.update(HYBRID_CPU_SERVER_ARGS)
+    for key, value in {**defaults, **(extra or {})}.items():
         flag = "--" + key.replace("_", "-")
         if flag in given or value is False or value is None:
             continue

@@ -190,16 +190,25 @@ def model_fingerprint(
 
 
 def hf_fingerprint_layers(model: Any) -> list[LayerWeights]:
-    """The :func:`model_fingerprint` ``layers`` of a Hugging Face Llama/Qwen2/Qwen3 ``*ForCausalLM``.
+    """The :func:`model_fingerprint` ``layers`` of a Hugging Face Llama/Qwen2/Qwen3/Qwen3.5/Qwen3-Next ``*ForCausalLM``.
 
     Per layer: ``(input_layernorm.weight [d], self_attn.k_proj.weight[:head_dim],
     self_attn.v_proj.weight[:head_dim])``, ``head_dim`` from the config or ``hidden_size //
-    num_attention_heads``. Views, not copies; no ``transformers`` import (any object of that shape works).
+    num_attention_heads``; for a Gated DeltaNet layer the first ``head_dim`` rows of the K and V blocks of
+    its ``[q|k|v]`` projection (``gdn_layout.py``). Views, not copies (copies for Qwen3-Next's interleaved rows); no ``transformers`` import (any object of that shape works).
     """
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layers = []
     for layer in getattr(model, "model", model).layers:
+        mixer = getattr(layer, "linear_attn", None)
+        if mixer is not None:
+            # A Gated DeltaNet layer: the first head_dim rows of the K and V blocks of its [q|k|v] projection.
+            from ..gdn_layout import hf_qkv_weight
+
+            w, kd = hf_qkv_weight(mixer), mixer.key_dim
+            layers.append((layer.input_layernorm.weight, w[kd : kd + head_dim], w[2 * kd : 2 * kd + head_dim]))
+            continue
         attn = layer.self_attn
         layers.append((layer.input_layernorm.weight, attn.k_proj.weight[:head_dim], attn.v_proj.weight[:head_dim]))
     return layers

@@ -47,7 +47,8 @@ class ModelAdapter:
         family = SUPPORTED_ARCHITECTURES.get(type(lm).__name__)
         if family is None:
             raise UnsupportedModelError(
-                f"RidgeFill supports {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; this model is {type(lm).__name__}"
+                f"RidgeFill supports {', '.join(sorted(SUPPORTED_ARCHITECTURES))} and Qwen3_5ForCausalLM; "
+                f"this model is {type(lm).__name__}"
             )
         self.lm = lm
         self.model = lm.model
@@ -95,6 +96,29 @@ class ModelAdapter:
             v = weight[attn.q_size + attn.kv_size : attn.q_size + attn.kv_size + d]
             out.append((layer.input_layernorm.weight, k, v))
         return out
+
+    # Layer structure: every layer of these families is softmax attention. The hybrid families
+    # (``hybrid_adapter.py``) override these.
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(range(self.shape.num_layers))
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        return ()
+
+    def is_recurrent(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` keeps a recurrent state (Gated DeltaNet) instead of a KV cache."""
+        return False
+
+    def attention(self, layer_id: int):
+        """Layer ``layer_id``'s ``RadixAttention`` (the module whose KV cache RidgeFill fills)."""
+        return self.layers[layer_id].self_attn.attn
+
+    def run_layer(self, layer_id: int, positions: torch.Tensor, hidden: torch.Tensor, fb) -> torch.Tensor:
+        """SGLang's decoder layer ``layer_id`` on ``hidden`` (its residual stream in ``fb``), called as the
+        model calls it (by keyword: Qwen3.5's recurrent layers take only ``hidden_states`` positionally)."""
+        return self.layers[layer_id](positions=positions, hidden_states=hidden, forward_batch=fb)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

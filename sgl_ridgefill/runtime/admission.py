@@ -24,6 +24,12 @@ NOFILL_UNDER_PD = (
 )
 
 
+HYBRID_NAMESPACE_REFUSAL = (
+    "cache mode namespace is not available on hybrid (Gated DeltaNet) models: a recurrent state stored under a "
+    "namespace is not proven safe to share; use no_insert"
+)
+
+
 def check_request_bounds(params, config: ServerConfig) -> None:
     """Refuse (``RequestParamError``) what the operator does not let clients ask for: diagnostic keys and
     control arms without ``--ridgefill-diagnostics``, a tail above ``--ridgefill-max-tail``. Runs in the
@@ -60,6 +66,8 @@ class ServerFacts:
     visible_keys_refusal: str | None = None  # why it cannot hide keys from a sub-pass (nofill, the probe)
     disabled: str | None = None  # why RidgeFill cannot run at all in this process (None: it can)
     pd_prefill: bool = False  # a PD prefill worker: the KV goes to a decode worker that runs no RidgeFill
+    recurrent_layers: tuple[int, ...] = ()  # hybrid models: the recurrent (Gated DeltaNet) layers
+    terminal_offsets: tuple[tuple[str, int, str], ...] = ()  # (file, split, arm) of the maps folder's ΔM
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,8 @@ class Admitter:
         splice = params.splice if params is not None else None
         if splice is not None and arm == "nofill":
             raise RequestParamError("splice replaces filled keys or values; the nofill arm has none")
+        if splice is not None and facts.recurrent_layers:
+            raise RequestParamError("splice is not available on hybrid (Gated DeltaNet) models")
         value_rescale = policy.value_rescale_c if policy is not None else None
         if params is not None and params.value_rescale is not None:
             value_rescale = params.value_rescale or None
@@ -173,6 +183,17 @@ class Admitter:
             # nofill: its upper layers hold nothing for the prefix, never shared. PD: the decode worker's
             # radix cache holds exact KV only, so a prefix shared here from filled KV would not match there.
             cache_mode = "no_insert"
+        if cache_mode == "namespace" and facts.recurrent_layers:
+            raise RequestParamError(HYBRID_NAMESPACE_REFUSAL)
+        terminal = getattr(getattr(policy, "terminal_state", None), "offsets", None)
+        if arm == "nofill" or not any(l >= split for l in facts.recurrent_layers):
+            terminal = None  # nothing filled enters a recurrent state
+        if terminal is not None and (terminal, split, arm) not in facts.terminal_offsets:
+            raise RequestParamError(
+                f"policy {getattr(policy, 'name', '')!r} applies the terminal-state correction with offsets "
+                f"{terminal!r}, which the maps folder does not hold for split {split} and arm {arm}; measure them "
+                f"with `sgl-ridgefill calibrate terminal-state --splits {split} --arm {arm}`"
+            )
         return Admission(
             plan=RequestPlan(
                 arm=arm,
@@ -189,6 +210,7 @@ class Admitter:
                 splice=splice,
                 exact_rows=exact_rows,
                 context=context,
+                terminal_state=terminal,
             )
         )
 

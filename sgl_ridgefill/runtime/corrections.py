@@ -41,11 +41,11 @@ def value_rescaler(
     filled_slots = slots[filled_pos.to(slots.device)]
 
     def before_layer(layer_id: int, x_in: torch.Tensor) -> None:
-        if not filled_slots.numel():
+        if not filled_slots.numel() or ad.is_recurrent(layer_id):  # values live in attention layers only
             return
         v_exact = ad.value(layer_id, x_in[n_exact : n_exact + c])
         scale = value_scale_reference(v_exact, fill.value(layer_id, x_split_tail, z_tail))  # [kv_heads]
-        attn = ad.layers[layer_id].self_attn.attn
+        attn = ad.attention(layer_id)
         scale_values(ctx.pool, attn, filled_slots, scale, physical=ctx.physical)
 
     return before_layer

@@ -11,7 +11,7 @@ policy) stop the server instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,7 +22,8 @@ from ..config import ServerConfig
 from ..maps.kinds import MapKind
 from . import distributed
 from .adapter import ModelAdapter, UnsupportedModelError
-from .admission import Admitter, ServerFacts
+from .admission import HYBRID_NAMESPACE_REFUSAL, Admitter, ServerFacts
+from .hybrid_adapter import make_adapter
 from .prefill import SelectionResources
 from .runtime import RidgeFillRuntime
 
@@ -55,7 +56,7 @@ def unsupported_reason(runner: Any) -> str | None:
     return None
 
 
-def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[str, Any]]:
+def _load_policies(config: ServerConfig, maps_folder, adapter) -> tuple[Any, dict[str, Any]]:
     """The server's policy (``--ridgefill-policy``) and every shipped policy, compiled for this model."""
     from ..policy import MapsInfo, ModelInfo, compile_policy, list_builtin_policies, load_policy, resolve_policy_path
 
@@ -63,8 +64,9 @@ def _load_policies(config: ServerConfig, maps_folder, shape) -> tuple[Any, dict[
     if maps_folder is not None:
         maps_info = MapsInfo(splits=tuple(maps_folder.splits), default_split=maps_folder.default_split,
                              num_layers=maps_folder.num_layers)
-    model_info = ModelInfo(num_layers=shape.num_layers, attention_layers=tuple(range(shape.num_layers)),
-                           recurrent_layers=(), has_qk_norm=shape.has_qk_norm)
+    shape = adapter.shape
+    model_info = ModelInfo(num_layers=shape.num_layers, attention_layers=adapter.attention_layers,
+                           recurrent_layers=adapter.recurrent_layers, has_qk_norm=shape.has_qk_norm)
     policies: dict[str, Any] = {}
     for name in list_builtin_policies():
         try:
@@ -83,8 +85,11 @@ def _disabled(config: ServerConfig, reason: str, num_layers: int = 0) -> RidgeFi
     return RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=num_layers, disabled=reason)))
 
 
-def maps_refusal(kind: MapKind, tp: distributed.TensorParallel | None) -> str | None:
+def maps_refusal(kind: MapKind, tp: distributed.TensorParallel | None, *, hybrid: bool = False) -> str | None:
     """Why maps of ``kind`` cannot serve this process, or ``None``."""
+    if hybrid and kind.predicts_kv:
+        return (f"{kind.name} maps predict K and V only, and this hybrid model's upper Gated DeltaNet layers need "
+                "their input: serve residual or normalised maps")
     if tp is not None and kind.predicts_kv:
         return (f"{kind.name} maps predict K and V of every KV head, and this rank holds {tp.size}-way shards of "
                 "them: under tensor parallelism serve residual or normalised maps")
@@ -120,28 +125,32 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     if reason is not None:
         return _disabled(config, reason)
     try:
-        adapter = ModelAdapter(runner.model)
+        adapter = make_adapter(runner.model)
     except UnsupportedModelError as e:
         return _disabled(config, str(e))
     inner = adapter.model
     tp = distributed.TensorParallel.current()
+    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
+    if adapter.recurrent_layers and (tp is not None or pd_prefill):
+        where = "tensor parallelism" if tp is not None else "a PD prefill worker"
+        return _disabled(config, f"RidgeFill on hybrid (Gated DeltaNet) models under {where} is not supported yet")
     if tp is not None:
         from ..metrics import export_from_this_process
 
         export_from_this_process(tp.first)  # every rank runs the same requests: rank 0 counts them
-    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
     maps_folder = maps = token_counts = None
     if config.maps:
         from ..maps import load_maps
 
         maps_folder = load_maps(config.maps)
-        refusal = maps_refusal(maps_folder.kind, tp)
+        refusal = maps_refusal(maps_folder.kind, tp, hybrid=bool(adapter.recurrent_layers))
         if refusal is not None:
             return _disabled(config, refusal)
         for warning in _check_maps(runner, adapter, maps_folder, tp):
             logger.warning("maps folder %s: %s", config.maps, warning)
         token_counts = maps_folder.token_counts()
-    server_policy, policies = _load_policies(config, maps_folder, adapter.shape)
+    server_policy, policies = _load_policies(config, maps_folder, adapter)
+    recurrent = _recurrent_resources(adapter, config, maps_folder, server_policy, policies)
     if maps_folder is not None:
         from .maps_store import MapsStore
 
@@ -161,6 +170,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         has_tokenizer=token_table is not None,
         has_token_counts=token_counts is not None,
         pd_prefill=pd_prefill,
+        recurrent_layers=adapter.recurrent_layers,
+        terminal_offsets=recurrent.entries if recurrent is not None else (),
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
     server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
@@ -171,6 +182,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
+        recurrent=recurrent.resources if recurrent is not None else None,
     )
     resident = maps.resident_bytes if maps is not None else 0
     if pd_prefill:
@@ -189,6 +201,39 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         "on" if config.diagnostics else "off",
     )
     return rt
+
+
+@dataclass(frozen=True)
+class _Recurrent:
+    resources: Any  # recurrent.RecurrentResources
+    entries: tuple[tuple[str, int, str], ...]  # (file, split, arm) loaded
+
+
+def _recurrent_resources(adapter, config: ServerConfig, maps_folder, server_policy, policies) -> _Recurrent | None:
+    """Hybrid models: refuse the namespace cache mode at startup, and load the terminal-state offsets the
+    policies name (the server's own policy must find its offsets, or the server stops)."""
+    if not adapter.recurrent_layers:
+        return None
+    from ..maps.terminal import read_terminal_offsets, terminal_entries
+    from .recurrent import RecurrentResources
+
+    mode = config.cache_mode or (server_policy.cache_mode if server_policy is not None else None)
+    if mode == "namespace":
+        raise ValueError(f"--ridgefill-cache-mode / policy cache mode: {HYBRID_NAMESPACE_REFUSAL}")
+    held = terminal_entries(maps_folder.manifest) if maps_folder is not None else []
+    wanted = {p.terminal_state.offsets for p in policies.values() if getattr(p, "terminal_state", None) is not None}
+    offsets = {}
+    for name in sorted(wanted & {name for name, _, _ in held}):
+        offsets[name] = read_terminal_offsets(maps_folder.path, name, device=adapter.model.embed_tokens.weight.device)
+    terminal = getattr(server_policy, "terminal_state", None)
+    if terminal is not None and terminal.offsets not in offsets:
+        where = config.maps or "(no maps folder)"
+        raise ValueError(
+            f"policy {server_policy.name!r} applies the terminal-state correction with offsets {terminal.offsets!r}, "
+            f"which the maps folder {where} does not hold; measure them with `sgl-ridgefill calibrate terminal-state`"
+        )
+    entries = tuple(e for e in held if e[0] in offsets)
+    return _Recurrent(RecurrentResources(offsets), entries)
 
 
 def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:

@@ -1,8 +1,8 @@
 """The passes one RidgeFill chunk is made of, over sub-batches (``subbatch.py``) of SGLang's batch.
 
 - ``lower_pass``: layers ``0..S-1`` exactly for the chunk's rows of one request; returns ``x_S``.
-- ``fill_pass``: for every upper layer, K and V from the map's prediction, written into the KV pool; no
-  query, attention output or MLP runs.
+- ``fill_pass``: for every upper attention layer, K and V from the map's prediction, written into the KV
+  pool; no query, attention output or MLP runs (upper recurrent layers of hybrid models: ``recurrent.py``).
 - ``upper_pass``: layers ``S..L-1`` exactly for chosen rows of one request (exact rows and the tail, the
   probe rows, or the splice rows) over its cache, layer by layer, so per-layer corrections (value rescale)
   see every row's exact input. Its rows run in chunks of at most ``PassContext.chunk_rows`` rows (SGLang's
@@ -60,6 +60,7 @@ class PassContext:
     group_size: int | None = None
     max_virtual: int = 256
     tp: TensorParallel | None = None
+    recurrent: Any = None  # hybrid models: recurrent.RecurrentResources (terminal-state offsets)
 
     @property
     def grouped(self) -> bool:
@@ -78,7 +79,7 @@ def _register_captures(ad: ModelAdapter, captures: Sequence[QueryCapture], offse
             if a < b:
                 sink.append(q[a:b].detach().clone())
 
-        handles.append(ad.layers[layer_id].self_attn.attn.register_forward_pre_hook(grab, with_kwargs=True))
+        handles.append(ad.attention(layer_id).register_forward_pre_hook(grab, with_kwargs=True))
     return handles
 
 
@@ -98,7 +99,7 @@ def lower_pass(ctx: PassContext, fb: ForwardBatch, i: int, rows: slice, split: i
         hs = ad.embed(sub.input_ids)
         residual_batch.start(sub)
         for layer_id in range(split):
-            hs = ad.layers[layer_id](sub.positions, hs, sub)
+            hs = ad.run_layer(layer_id, sub.positions, hs, sub)
         return residual_batch.fold(hs, sub)
     finally:
         residual_batch.clear(sub)
@@ -114,8 +115,10 @@ def fill_pass(ctx: PassContext, fill: Fill, x_split: torch.Tensor, z: torch.Tens
     """
     ad = ctx.adapter
     for layer_id in range(fill.split, ad.shape.num_layers):
+        if ad.is_recurrent(layer_id):
+            continue  # a Gated DeltaNet layer holds no KV (``recurrent.py`` fills its state)
         k, v = fill.key_value(layer_id, positions, x_split, z)
-        write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
+        write_kv(ctx.pool, ad.attention(layer_id), slots, k, v, physical=ctx.physical)
 
 
 @dataclass
@@ -172,6 +175,7 @@ def upper_pass(
     before_layer: LayerCallback | None = None,
     captures: Sequence[QueryCapture] = (),
     final_norm: bool = True,
+    recurrence: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """Layers ``split..L-1`` for the rows of request ``i`` at ``positions`` starting from ``x_split``.
 
@@ -179,8 +183,10 @@ def upper_pass(
     ``x_split``: ``[rows, hidden]``; ``visible``: ``[seq_len]`` bool on the device, or ``None``;
     ``runs_from``: the first tail position (rows below it are grouped on a backend with groups).
     ``before_layer(layer_id, x_l)`` sees every row's exact layer input (``[rows, hidden]``) before the layer
-    runs. Returns the final-normed hidden states ``[rows, hidden]`` (or the last residual stream) and the
-    pass's shape (``steps``, ``virtual_requests``, ``groups``).
+    runs. ``recurrence(layer_id, x_l)`` runs each recurrent (Gated DeltaNet) layer of a hybrid model for all
+    the pass's rows at once (``recurrent.UpperRecurrence``; required when there is one). Returns the
+    final-normed hidden states ``[rows, hidden]`` (or the last residual stream) and the pass's shape
+    (``steps``, ``virtual_requests``, ``groups``).
     """
     ad = ctx.adapter
     req_row = fb.req_pool_indices[i]
@@ -203,12 +209,18 @@ def upper_pass(
             if before_layer is not None:
                 hs = [residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]
                 before_layer(layer_id, torch.cat(hs))
+            if ad.is_recurrent(layer_id):
+                # One state per request: the layer runs the pass's rows as one sequence, not step by step.
+                assert recurrence is not None, "a recurrent layer in an upper pass needs its recurrence"
+                x = recurrence(layer_id, torch.cat([residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]))
+                hs = [residual_batch.set_written(x[s.rows], s.sub) for s in steps]
+                continue
             for j, s in enumerate(steps):
                 offset[0] = s.rows.start
                 with row_queries(s.scope):
                     if replan:
                         ctx.backend.init_forward_metadata(s.sub)
-                    hs[j] = ad.layers[layer_id](s.sub.positions, hs[j], s.sub)
+                    hs[j] = ad.run_layer(layer_id, s.sub.positions, hs[j], s.sub)
         if final_norm:
             out = [residual_batch.final_norm(h, s.sub, ad.model.norm) for h, s in zip(hs, steps)]
         else:

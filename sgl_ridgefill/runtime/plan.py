@@ -32,6 +32,7 @@ class RequestPlan:
     splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm", optionally "@first-last"
     exact_rows: tuple[int, ...] | None = None  # diagnostic: these positions exact instead of a selection
     context: bool = False  # a kv+context fill: needs the split states of every row before it (no cache hit)
+    terminal_state: str | None = None  # hybrid models: offsets file of the terminal-state correction (None: off)
 
     def __post_init__(self) -> None:
         assert self.arm in ("ridgefill", "identity", "nofill"), self.arm

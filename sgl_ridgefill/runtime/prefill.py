@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..maps.kinds import sink_rows
-from . import passes, selection
+from . import passes, recurrent, selection
 from .corrections import value_rescaler
 from .fill import Fill
 from .kv import read_kv, write_kv
@@ -63,9 +63,13 @@ def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
     return out
 
 
-def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: int, dtype: torch.dtype) -> None:
+def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: int, dtype: torch.dtype, *,
+          recurrent_sinks: bool = False) -> None:
     """First chunk of a request: check that the batch runs the prompt the state is bound to, note the
-    radix-cache hit, decide whether anything is left to fill, and allocate the second sweep's buffers."""
+    radix-cache hit, decide whether anything is left to fill, and allocate the second sweep's buffers.
+
+    ``recurrent_sinks``: the fill has sink rows (run exactly) and the model upper Gated DeltaNet layers,
+    whose states must then take the whole prefix in order in sweep 2, sinks exact among filled rows."""
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     st.start = p0
     big_n = st.num_tokens
@@ -87,13 +91,15 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         return
     device = fb.input_ids.device
     st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
-    if st.plan.has_selection or st.plan.splice is not None or st.exact_context > p0:
+    st.states_in_sweep_two = recurrent_sinks
+    if st.plan.has_selection or st.plan.splice is not None or st.exact_context > p0 or recurrent_sinks:
         # The new prefix rows' split states wait for the selection at the last chunk. On a GPU they wait in
         # host memory: they are the size of one layer's activations for the whole prompt, outside SGLang's
         # memory accounting.
         where = "cpu" if device.type == "cuda" else device
         st.prefix_x = torch.empty((st.boundary - p0, hidden_size), dtype=dtype, device=where,
                                   pin_memory=device.type == "cuda")
+    recurrent.begin(st)
 
 
 def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, row0: int, st: RequestState,
@@ -121,6 +127,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
             st.sink_rows.extend(positions[:n_prefix][flagged].tolist())
             if st.prefix_x is None:  # no selection: the sinks are the only exact prefix rows
                 st.sink_x.append(x_split[:n_prefix][flagged.to(x_split.device)])
+        if recurrent.fills_states_in_sweep_one(st) and recurrent.has_recurrent_layers(ctx, split):
+            recurrent.fill_states(ctx, fb, i, st, x_split[:n_prefix], p0)
     if n_prefix and st.prefix_x is not None:
         st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
     if n_prefix < n:
@@ -159,9 +167,10 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     before_layer = None
     if plan.value_rescale:
         before_layer = value_rescaler(ctx, fill, st, exact, x_rows, slots=req_slots)
+    recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     out, shape = passes.upper_pass(
         ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, seq_len=big_n, visible=visible, runs_from=boundary,
-        before_layer=before_layer,
+        before_layer=before_layer, recurrence=recurrence,
     )
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
     first = max(boundary, p0)
@@ -175,6 +184,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         upper_steps=shape["steps"],
         saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
+    if recurrence is not None and recurrence.rho:
+        st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if plan.arm == "nofill":
         st.hidden_keys = ~visible[:boundary].cpu()
     st.prefill_done = True
@@ -207,7 +218,9 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
     slots = ctx.req_to_token[fb.req_pool_indices[i], pos_d]
     fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
     z, _ = fill.features(prefix_x)  # from the start of the prompt: a kv+context plan never starts later
-    for layer_id in range(split, ad.shape.num_layers):
+    for layer_id in ad.attention_layers:
+        if layer_id < split:
+            continue
         k, v = fill.key_value(layer_id, pos_d.to(fb.positions.dtype), prefix_x, z)
         k_exact, v_exact = read_kv(ctx.pool, layer_id, slots)
         k_exact, v_exact = k_exact.to(k.dtype), v_exact.to(v.dtype)
@@ -219,7 +232,7 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
         if spliced and kind == "key_norm":
             scale = k_exact.float().norm(dim=-1, keepdim=True) / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
             k = k * scale.to(k.dtype)
-        write_kv(ctx.pool, ad.layers[layer_id].self_attn.attn, slots, k, v, physical=ctx.physical)
+        write_kv(ctx.pool, ad.attention(layer_id), slots, k, v, physical=ctx.physical)
 
 
 def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
@@ -236,12 +249,16 @@ def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows
     visible[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
     if plan.arm == "nofill":
         visible[st.start : boundary] = False
-    sinks = {layer_id: [] for layer_id in range(split, ad.shape.num_layers)}
+    sinks = {layer_id: [] for layer_id in ad.attention_layers if layer_id >= split}
     captures = [(layer_id, 0, r, sink) for layer_id, sink in sinks.items()]
-    passes.upper_pass(
-        ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible, captures=captures,
-        final_norm=False,
-    )
+    # Upper recurrent layers (hybrid models): the probe rows start from empty states, as in the paper.
+    states = recurrent.upper_recurrent_layers(ctx, split)
+    recurrence = recurrent.UpperRecurrence(ctx, fb, i, st, pos, prefix_from_map=False, prefix_len=0) if states else None
+    with recurrent.empty_states(ctx, fb, i, states):
+        passes.upper_pass(
+            ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible,
+            captures=captures, final_norm=False, recurrence=recurrence,
+        )
     key_pos = torch.nonzero(visible).flatten()
     slots_all = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
     total = torch.zeros(boundary, dtype=torch.float32)
@@ -250,7 +267,7 @@ def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows
     for layer_id, sink in sinks.items():
         q = torch.cat(sink).reshape(r, -1, ad.shape.head_dim).float()
         k = ctx.pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
-        scale = ad.layers[layer_id].self_attn.attn.scaling
+        scale = ad.attention(layer_id).scaling
         received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos)
         total[key_pos[in_prefix].cpu()] += received[in_prefix].cpu()
     return total

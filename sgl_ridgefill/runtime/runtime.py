@@ -60,6 +60,7 @@ class RidgeFillRuntime:
         group_size: int | None = GROUP_SIZE,
         live: LiveRequests = LIVE,
         tp: TensorParallel | None = None,
+        recurrent=None,
     ):
         self.config = config
         self.adapter = adapter
@@ -70,6 +71,7 @@ class RidgeFillRuntime:
         self.group_size = group_size
         self.live = live
         self.tp = tp
+        self.recurrent = recurrent  # hybrid models: recurrent.RecurrentResources
         self._warned: dict[str, float] = {}
 
     @property
@@ -123,7 +125,7 @@ class RidgeFillRuntime:
             st = self.live.state(rid)
             if st is not None and st.runs and st.start < 0:
                 rows = slice(starts[i], starts[i] + int(fb.extend_seq_lens_cpu[i]))
-                prefill.begin(st, fb, i, rows, hidden_size, dtype)
+                prefill.begin(st, fb, i, rows, hidden_size, dtype, recurrent_sinks=self._recurrent_sinks(st))
                 if st.exact_reason is not None:
                     self._finish(rid, st)
             work.append(st if st is not None and st.runs else None)
@@ -141,6 +143,7 @@ class RidgeFillRuntime:
             chunk_rows=self.chunk_rows,
             group_size=self.group_size,
             tp=self.tp,
+            recurrent=self.recurrent,
         )
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)
@@ -168,6 +171,13 @@ class RidgeFillRuntime:
         backend.init_forward_metadata(sub)
         out = self.adapter.model(sub.input_ids, sub.positions, sub)
         hidden[rows] = out if isinstance(out, torch.Tensor) else out[0]
+
+    def _recurrent_sinks(self, st: RequestState) -> bool:
+        """Whether ``st``'s fill runs sink rows exactly on a model with recurrent (Gated DeltaNet) layers."""
+        return bool(
+            self.adapter.recurrent_layers and st.plan.arm == "ridgefill" and self.maps is not None
+            and self.maps.folder.sink
+        )
 
     def _finish(self, rid: str, st: RequestState) -> None:
         """Log, count and report (``meta_info["ridgefill"]``) a request whose prefill is decided."""

@@ -85,7 +85,7 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
                 continue
             q = torch.cat(chunks).reshape(hi - lo, -1, ad.shape.head_dim)
             k = ctx.pool.get_key_buffer(layer_id)[slots[:hi]]
-            scale = ad.layers[layer_id].self_attn.attn.scaling
+            scale = ad.attention(layer_id).scaling
             received = attention_received(q.float(), k.float(), torch.arange(lo, hi), scale)
             total += received[: st.boundary].cpu()
         out[req] = total

@@ -69,6 +69,10 @@ class RequestState:
     context: ContextState | None = None  # a kv+context fill's state after the last row it saw
     sink_rows: list[int] = field(default_factory=list)  # prefix rows the maps were not fitted on (run exactly)
     sink_x: list[torch.Tensor] = field(default_factory=list)  # their split states when prefix_x is not kept
+    # Hybrid models with the terminal-state correction: the upper GDN layers' gate sums (recurrent.GateSums).
+    recurrent: Any = None
+    # Hybrid models whose fill has sink rows: the upper GDN states take the prefix in sweep 2 (prefill.begin).
+    states_in_sweep_two: bool = False
 
     @property
     def bound(self) -> bool:

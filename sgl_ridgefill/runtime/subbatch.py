@@ -41,6 +41,28 @@ def _row_count_fields(fb: ForwardBatch, n: int) -> dict:
     return out
 
 
+# SGLang's mamba-state tracking of a batch (radix snapshots, deferred copy-on-write and clears of hybrid
+# models' state slots): per request of the parent batch, so a sub-batch of virtual requests carries none.
+_MAMBA_TRACKING = ("mamba_track_indices", "mamba_track_mask", "mamba_track_seqlens", "mamba_prefill_track_mask_cpu",
+                   "mamba_track_seqlens_cpu", "mamba_cow_src_indices", "mamba_cow_dst_indices", "mamba_clear_indices")
+
+
+def _no_mamba_tracking(fb: ForwardBatch) -> dict:
+    return {name: None for name in _MAMBA_TRACKING if getattr(fb, name, None) is not None}
+
+
+def _pick_mamba_tracking(fb: ForwardBatch, idx: list[int]) -> dict:
+    """The tracking of the requests ``idx`` (the copy-on-write and clears already ran before the forward)."""
+    out = _no_mamba_tracking(fb)
+    for name in ("mamba_track_indices", "mamba_track_mask", "mamba_track_seqlens"):
+        if getattr(fb, name, None) is not None:
+            out[name] = _pick_tensor(getattr(fb, name), idx)
+    for name in ("mamba_prefill_track_mask_cpu", "mamba_track_seqlens_cpu"):
+        if getattr(fb, name, None) is not None:
+            out[name] = _pick(getattr(fb, name), idx)
+    return out
+
+
 def _pick(seq, idx: list[int]):
     return None if seq is None else [seq[i] for i in idx]
 
@@ -89,6 +111,7 @@ def requests_subbatch(fb: ForwardBatch, idx: list[int]) -> tuple[ForwardBatch, t
         lora_ids=_pick(fb.lora_ids, idx),
         residual_stream=None,
         **_row_count_fields(fb, sum(ext_lens)),
+        **_pick_mamba_tracking(fb, idx),
     )
     return sub, rows
 
@@ -150,4 +173,5 @@ def virtual_subbatch(
         lora_ids=None if fb.lora_ids is None else [fb.lora_ids[req]] * r,
         residual_stream=None,
         **_row_count_fields(fb, n),
+        **_no_mamba_tracking(fb),
     )

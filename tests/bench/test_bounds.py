@@ -129,3 +129,43 @@ def test_dims_errors_name_the_source():
 def test_text_config_is_read():
     dims = ModelDims.from_hf_config({"text_config": QWEN2_05B_CONFIG, "model_type": "wrapper"})
     assert dims.num_layers == 24 and dims.num_kv_heads == 2
+
+
+# Qwen3.5-9B's shape (transformers' defaults): d 4096, MLP 12288, 16 heads / 4 KV heads of 256 with an output
+# gate; Gated DeltaNet 16 key heads and 32 value heads of 128, conv width 4; attention every 4th of 32 layers.
+QWEN35_9B_CONFIG = {
+    "model_type": "qwen3_5_text", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 16,
+    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 12288, "vocab_size": 248320,
+    "layer_types": [("full_attention" if (l + 1) % 4 == 0 else "linear_attention") for l in range(32)],
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+}
+
+
+def test_hybrid_rows_cost_what_the_layer_kind_costs():
+    dims = ModelDims.from_hf_config(QWEN35_9B_CONFIG)
+    assert dims.kinds().count("attention") == 8 and dims.linear.conv_dim == 8192 and dims.attn_output_gate
+    mac = lambda flops: flops / 2 / 1e6  # noqa: E731 - millions of multiply-adds
+    # Attention layer: Q+gate 4096*8192 + K,V 2*4096*1024 + O 4096*4096 + MLP 3*4096*12288 = 209.7M.
+    assert mac(2 * dims.layer_params) == pytest.approx(209.7, abs=0.05)
+    # GDN layer: qkvz 4096*12288 + ba 4096*64 + out 4096*4096 + MLP 150.99M = 218.4M, + conv 8192*4 and
+    # recurrence 4*32*128*128 = 2.13M: 220.5M.
+    assert mac(dims.gdn_row_flops) == pytest.approx(220.5, abs=0.05)
+    # A filled row in an upper GDN layer: map 16.8M + [q|k|v] 33.6M + [b|a] 0.26M + conv/recurrence 2.13M = 52.7M.
+    assert mac(2 * 4096 * 4096 + dims.gdn_fill_flops) == pytest.approx(52.7, abs=0.05)
+
+
+def test_hybrid_bound_counts_what_filled_gdn_rows_still_cost():
+    dims = ModelDims.from_hf_config(QWEN35_9B_CONFIG)
+    # Split 12: lower 3 attention + 9 GDN, upper 5 attention + 15 GDN. A prefix row's cost relative to an exact
+    # row (attention pairs aside): (3*209.7 + 9*220.5 + 5*25.2 + 15*52.7) / (8*209.7 + 24*220.5) = 0.507.
+    long = RidgeFillShape(num_tokens=1_000_000, split=12, tail=1)
+    exact, rf = exact_prefill_flops(dims, long.num_tokens), ridgefill_prefill_flops(dims, long)
+    assert (rf.linear + rf.fill) / exact.linear == pytest.approx(0.507, abs=0.002)
+    # The attention-only view (every layer like an attention layer, fill K/V only) would claim 0.375 + maps.
+    dense = ModelDims(32, 4096, 16, 4, 256, 12288, 248320)
+    rf_dense = ridgefill_prefill_flops(dense, long)
+    assert (rf_dense.linear + rf_dense.fill) / exact_prefill_flops(dense, long.num_tokens).linear < 0.46
+    # At 8K tokens and tail 1024 the FLOP bound sits below the layer-pass bound 1/r.
+    shape = RidgeFillShape(8192, 12, 1024)
+    assert flop_bound(dims, shape) < layer_pass_bound(shape, 32)

@@ -24,6 +24,19 @@ def test_launcher_keeps_the_callers_flags():
     assert "--attention-backend" not in argv and "--attention-backend=torch_native" in argv
 
 
+def test_launcher_adds_the_hybrid_flags_for_a_hybrid_model(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"]}))
+    argv = cpu_flags(["--model-path", str(tmp_path)])
+    assert argv[argv.index("--mamba-radix-cache-strategy") + 1] == "no_buffer"
+    assert "--disable-overlap-schedule" in argv
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert "--disable-overlap-schedule" not in cpu_flags(["--model-path", str(dense)])
+
+
 def test_server_cli_args_match_the_launcher():
     assert "--sleep-on-idle" in server_cli_args() and CPU_SERVER_ARGS["sleep_on_idle"] is True
 

@@ -49,7 +49,7 @@ def test_unsupported_architecture_is_refused(tmp_path):
         read_config(tmp_path)
     assert str(info.value) == (
         f"--model {tmp_path}: architecture GPT2LMHeadModel is not supported; "
-        "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+        "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3_5ForCausalLM, Qwen3NextForCausalLM"
     )
     with pytest.raises(CalibrationError, match="no config.json"):
         read_config(tmp_path / "missing")

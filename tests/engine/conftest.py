@@ -14,6 +14,16 @@ SPLIT = 2
 NUM_LAYERS = 4
 
 
+def random_maps(hf_model, split: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Maps near the identity with enough noise that RidgeFill and identity fill differ."""
+    d = hf_model.config.hidden_size
+    n_upper = hf_model.config.num_hidden_layers - split
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.eye(d).expand(n_upper, d, d) + 0.05 * torch.randn(n_upper, d, d, generator=gen)
+    b = 0.02 * torch.randn(n_upper, d, generator=gen)
+    return a.contiguous(), b
+
+
 @functools.lru_cache(maxsize=None)
 def _load_hf(path: str):
     from transformers import AutoModelForCausalLM
@@ -72,3 +82,80 @@ def assert_decode_matches(model: TinyModel, expect: dict, got: dict, *, tail: in
     for step in range(1, steps + 1):
         ids.append(got["output_ids"][step - 1])
         assert_top_close({"top": got["tops"][step]}, model.expected_top(ids, split=SPLIT, tail=tail + step, **kw))
+
+
+# --------------------------------------------------------------------------- Gated DeltaNet hybrids (Qwen3.5)
+HYBRID_SPLIT = 3  # upper layers: 3 and 7 attention, 4..6 Gated DeltaNet
+HYBRID_LAYERS = 8
+HYBRID_HIDDEN = 64
+TERMINAL_FILE = "terminal_state.safetensors"
+
+# What a CPU engine needs for a hybrid model besides cpu_engine_kwargs (HYBRID_NOTES.md, CPU recipe).
+# The static fraction is of the memory free at startup: a larger share than the dense tests' 0.05 keeps a
+# shared machine's fluctuations from leaving the state cache nothing (the KV pool stays capped by
+# max_total_tokens).
+HYBRID_ENGINE_KWARGS = dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
+                            max_mamba_cache_size=32, mem_fraction_static=0.25)
+HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}  # a float32 conv window, as transformers keeps it
+
+
+def random_offsets(hf_model, split: int, seed: int = 2) -> dict[int, torch.Tensor]:
+    """Terminal-state offsets ``ΔM_l`` ``[HV, V, K]`` for every upper GDN layer: random, large enough to move
+    the tail's output (what the runtime must add is ρ ΔM, whatever ΔM is)."""
+    cfg = hf_model.config
+    gen = torch.Generator().manual_seed(seed)
+    shape = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim)
+    return {l: 0.5 * torch.randn(shape, generator=gen) for l, kind in enumerate(cfg.layer_types)
+            if l >= split and kind == "linear_attention"}
+
+
+class TinyHybrid:
+    """A random Qwen3.5 (or Qwen3-Next) checkpoint, its HF twin, the hybrid oracle, maps at ``HYBRID_SPLIT`` for every upper
+    layer, and terminal-state offsets (random) in the maps folder."""
+
+    def __init__(self, root, family: str = "qwen3_5"):
+        from sgl_ridgefill.maps import SplitMaps, hf_fingerprint_layers, load_maps, model_fingerprint, write_maps_folder
+        from sgl_ridgefill.maps.terminal import write_terminal_offsets
+        from tests.support.reference import HybridReference
+
+        self.family = family
+        self.path = make_tiny_checkpoint(root / family, family=family, num_layers=HYBRID_LAYERS,
+                                         hidden_size=HYBRID_HIDDEN)
+        self.hf = _load_hf(str(self.path))
+        self.ref = HybridReference(self.hf)
+        a, b = random_maps(self.hf, HYBRID_SPLIT)
+        hf = self.hf
+        fingerprint = model_fingerprint(
+            hf.config.to_dict(), hf.model.embed_tokens.weight, hf.model.norm.weight, hf_fingerprint_layers(hf)
+        )
+        self.maps_dir = write_maps_folder(root / f"{family}-maps", [SplitMaps(HYBRID_SPLIT, a, b, {"lambda": None})],
+                                          model=fingerprint)
+        self.maps = load_maps(self.maps_dir).load_split(HYBRID_SPLIT, dtype=torch.float32)
+        self.offsets = random_offsets(self.hf, HYBRID_SPLIT)
+        write_terminal_offsets(self.maps_dir, self.offsets, split=HYBRID_SPLIT, arm="ridgefill",
+                               record={"measured": "random offsets for tests"})
+
+    def expected_top(self, ids, k: int = 3, **kw) -> list[tuple[float, int]]:
+        if kw.pop("terminal_state", False):
+            kw["terminal"] = self.offsets
+        logits = self.ref.last_logits(ids, maps=self.maps, **kw)
+        top = logits.log_softmax(-1).topk(k)
+        return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrids(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    cache: dict[str, TinyHybrid] = {}
+
+    def get(family: str) -> TinyHybrid:
+        if family not in cache:
+            cache[family] = TinyHybrid(root, family)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tiny_hybrids):
+    return tiny_hybrids("qwen3_5")

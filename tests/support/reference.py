@@ -209,3 +209,197 @@ class Reference:
             x = x + layer.self_attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return total
+
+
+def _mlp(layer, x):
+    """A decoder layer's MLP on rows ``x`` ``[rows, d]`` (Qwen3-Next's sparse MoE block takes ``[batch, seq, d]``)."""
+    out = layer.mlp(x[None])
+    return (out[0] if isinstance(out, tuple) else out)[0]
+
+
+class HybridReference:
+    """The same oracle for a Gated DeltaNet hybrid (Hugging Face ``Qwen3_5ForCausalLM`` or
+    ``Qwen3NextForCausalLM``), written from the
+    method, not from the runtime: attention layers as in :class:`Reference`; each upper GDN layer runs its
+    own short conv and gated delta rule over one sequence in position order from the exact state at
+    ``start``: the rows ``[start, N)`` with ``x̂_l`` for filled rows and exact inputs for exact rows and the
+    tail (arms ``ridgefill`` and ``identity``), or only the exact rows and the tail (``nofill``). The
+    terminal-state correction adds ``ρ_l ΔM_l`` between rows ``B - 1`` and ``B``, ``ρ`` from the products of
+    gates (no log-sum-exp). Outputs are read at exact rows and the tail only. States are ``[HV, V, K]``.
+    """
+
+    def __init__(self, hf_model):
+        self.m = hf_model.eval()
+        cfg = hf_model.config
+        self.cfg = cfg
+        self.layers = hf_model.model.layers
+        self.kinds = list(cfg.layer_types)
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+
+    # ------------------------------------------------------------------ attention layers
+    def _attention_qkv(self, layer_id, x_in, pos):
+        from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
+
+        layer = self.layers[layer_id]
+        attn = layer.self_attn
+        h = layer.input_layernorm(x_in)
+        rows = h.shape[0]
+        q, gate = torch.chunk(attn.q_proj(h).view(rows, self.n_heads, 2 * self.head_dim), 2, dim=-1)
+        q = attn.q_norm(q)
+        k = attn.k_norm(attn.k_proj(h).view(rows, self.n_kv, self.head_dim))
+        v = attn.v_proj(h).view(rows, self.n_kv, self.head_dim)
+        cos, sin = self.m.model.rotary_emb(h[None], pos[None])
+        q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+        return q[0].transpose(0, 1), k[0].transpose(0, 1), v, gate.reshape(rows, -1)
+
+    def _attention_layer(self, layer_id, x, rows, k_all, v_all, visible, pos):
+        layer = self.layers[layer_id]
+        q, k, v, gate = self._attention_qkv(layer_id, x, pos[rows])
+        k_all[rows], v_all[rows] = k, v
+        visible[rows] = True
+        group = self.n_heads // self.n_kv
+        kk, vv = k_all.repeat_interleave(group, dim=1), v_all.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, kk) * self.head_dim**-0.5
+        mask = (pos[None, :] <= pos[rows][:, None]) & visible[None, :]
+        scores = scores.masked_fill(~mask[None], float("-inf"))
+        out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv).reshape(len(rows), -1)
+        x = x + layer.self_attn.o_proj(out * torch.sigmoid(gate))
+        return x + _mlp(layer, layer.post_attention_layernorm(x))
+
+    # ------------------------------------------------------------------ GDN layers
+    def _gdn_parts(self, layer_id, x_in):
+        """``mixed_qkv`` (before the conv), ``z``, ``g`` (log decay), ``beta`` for rows with inputs ``x_in``."""
+        mix = self.layers[layer_id].linear_attn
+        h = self.layers[layer_id].input_layernorm(x_in)
+        if hasattr(mix, "in_proj_qkv"):  # Qwen3.5: contiguous projections
+            mixed, z, b, a = mix.in_proj_qkv(h), mix.in_proj_z(h), mix.in_proj_b(h), mix.in_proj_a(h)
+        else:  # Qwen3-Next: interleaved per key head; transformers' own reordering
+            q, k, v, z, b, a = mix.fix_query_key_value_ordering(mix.in_proj_qkvz(h)[None], mix.in_proj_ba(h)[None])
+            mixed = torch.cat([q[0].reshape(len(h), -1), k[0].reshape(len(h), -1), v[0].reshape(len(h), -1)], dim=-1)
+            z, b, a = z[0].reshape(len(h), -1), b[0], a[0]
+        g = -mix.A_log.float().exp() * torch.nn.functional.softplus(a.float() + mix.dt_bias)
+        return mixed, z, g, b.sigmoid()
+
+    def _gdn_run(self, layer_id, mixed, g, beta, window, state):
+        """Conv over ``[window | mixed]`` then the recurrence from ``state``; returns (o [rows, HV, V], new
+        window, new state)."""
+        from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+        mix = self.layers[layer_id].linear_attn
+        width = mix.conv_kernel_size
+        if not mixed.shape[0]:
+            return torch.zeros(0, mix.num_v_heads, mix.head_v_dim), window, state
+        full = torch.cat([window, mixed.T], dim=1)  # [conv_dim, W-1+rows]
+        conv = torch.nn.functional.conv1d(full[None], mix.conv1d.weight, None, groups=mix.conv_dim)[0]
+        conv = torch.nn.functional.silu(conv).T  # [rows, conv_dim]
+        q, k, v = conv.split([mix.key_dim, mix.key_dim, mix.value_dim], dim=-1)
+        rows = conv.shape[0]
+        rep = mix.num_v_heads // mix.num_k_heads
+        q = q.reshape(1, rows, -1, mix.head_k_dim).repeat_interleave(rep, dim=2)
+        k = k.reshape(1, rows, -1, mix.head_k_dim).repeat_interleave(rep, dim=2)
+        v = v.reshape(1, rows, -1, mix.head_v_dim)
+        o, last = torch_recurrent_gated_delta_rule(q, k, v, g=g[None], beta=beta[None],
+                                                   initial_state=state.transpose(-1, -2)[None],
+                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return o[0], full[:, -(width - 1):], last[0].transpose(-1, -2)
+
+    def _gdn_output(self, layer_id, o, z, x):
+        layer = self.layers[layer_id]
+        mix = layer.linear_attn
+        out = mix.norm(o.reshape(-1, mix.head_v_dim), z.reshape(-1, mix.head_v_dim)).reshape(x.shape[0], -1)
+        x = x + mix.out_proj(out)
+        return x + _mlp(layer, layer.post_attention_layernorm(x))
+
+    def _empty(self, layer_id):
+        mix = self.layers[layer_id].linear_attn
+        return (torch.zeros(mix.conv_dim, mix.conv_kernel_size - 1),
+                torch.zeros(mix.num_v_heads, mix.head_v_dim, mix.head_k_dim))
+
+    @staticmethod
+    def rho(g, filled, cached: bool):
+        """ρ per head from gates ``g`` ``[B - start, HV]`` of rows ``[start, B)`` and their ``filled`` mask: a row's
+        weight is the product of the gates after it (plain products, float64)."""
+        alpha = g.double().exp()
+        n = alpha.shape[0]
+        weights = torch.stack([alpha[t + 1 :].prod(0) for t in range(n)])  # [rows, HV]
+        share = weights[filled].sum(0) / weights.sum(0)
+        if cached:
+            share = share * (1 - alpha.prod(0))
+        return share.float()
+
+    @torch.no_grad()
+    def last_logits(self, ids, *, split, tail, arm="ridgefill", maps=None, exact_rows=(), start=0, terminal=None,
+                    tail_rows=False, return_rho=False):
+        """Logits after ``ids`` (or of every tail row with ``tail_rows``). ``maps``: ``(A [L-S, d, d], b [L-S, d])``
+        for every upper layer; ``terminal``: ``{layer: ΔM [HV, V, K]}`` turns the correction on."""
+        m = self.m
+        ids_t = torch.tensor(ids)[None]
+        n = len(ids)
+        boundary = max(n - tail, 0)
+        if arm == "exact" or boundary <= start or split >= len(self.layers):
+            logits = m(ids_t).logits[0].float()
+            return logits[boundary:] if tail_rows else logits[-1]
+        hs = m(ids_t, output_hidden_states=True).hidden_states
+        x_split = hs[split][0]
+        pos = torch.arange(n)
+        exact = sorted(set(exact_rows))
+        rows = torch.tensor(sorted(set(exact) | set(range(boundary, n))), dtype=torch.long)
+        filled = torch.tensor([j for j in range(start, boundary) if j not in set(exact)], dtype=torch.long)
+        cached = torch.arange(0, start)
+        rhos = {}
+        x = x_split[rows].clone()
+        for layer_id in range(split, len(self.layers)):
+            j = layer_id - split
+
+            def predict(xs):
+                return xs if arm == "identity" else xs @ maps[0][j].T + maps[1][j]
+
+            if self.kinds[layer_id] == "full_attention":
+                k_all = torch.zeros(n, self.n_kv, self.head_dim)
+                v_all = torch.zeros(n, self.n_kv, self.head_dim)
+                visible = torch.zeros(n, dtype=torch.bool)
+                if cached.numel():
+                    _, kc, vc, _ = self._attention_qkv(layer_id, hs[layer_id][0][cached], pos[cached])
+                    k_all[cached], v_all[cached], visible[cached] = kc, vc, True
+                if filled.numel() and arm != "nofill":
+                    _, kf, vf, _ = self._attention_qkv(layer_id, predict(x_split[filled]), pos[filled])
+                    k_all[filled], v_all[filled], visible[filled] = kf, vf, True
+                x = self._attention_layer(layer_id, x, rows, k_all, v_all, visible, pos)
+                continue
+            window, state = self._empty(layer_id)
+            if start:  # the exact state at start (a radix-cache hit)
+                mixed, _, g, beta = self._gdn_parts(layer_id, hs[layer_id][0][:start])
+                _, window, state = self._gdn_run(layer_id, mixed, g, beta, window, state)
+            if arm == "nofill":
+                seq = rows
+                x_seq = x
+            else:
+                seq = torch.arange(start, n)
+                x_seq = torch.empty(n - start, x.shape[1])
+                x_seq[rows - start] = x
+                if filled.numel():
+                    x_seq[filled - start] = predict(x_split[filled])
+            mixed, z, g, beta = self._gdn_parts(layer_id, x_seq)
+            before = int((seq < boundary).sum())
+            o_parts = []
+            o, window, state = self._gdn_run(layer_id, mixed[:before], g[:before], beta[:before], window, state)
+            o_parts.append(o)
+            if terminal is not None and arm != "nofill":
+                is_filled = torch.zeros(before, dtype=torch.bool)
+                if filled.numel():
+                    is_filled[filled - start] = True
+                rho = self.rho(g[:before], is_filled, cached=start > 0)
+                rhos[layer_id] = rho
+                state = state + rho[:, None, None] * terminal[layer_id]
+            o, window, state = self._gdn_run(layer_id, mixed[before:], g[before:], beta[before:], window, state)
+            o_parts.append(o)
+            o = torch.cat(o_parts)
+            keep = torch.isin(seq, rows)
+            x = self._gdn_output(layer_id, o[keep], z[keep], x)
+        if tail_rows:
+            out = m.lm_head(m.model.norm(x[len(rows) - (n - boundary) :])).float()
+        else:
+            out = m.lm_head(m.model.norm(x[-1:]))[0].float()
+        return (out, rhos) if return_rho else out

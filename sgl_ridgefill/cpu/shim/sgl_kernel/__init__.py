@@ -6,6 +6,10 @@ CPU-only host SGLang still runs with ``--device cpu --attention-backend torch_na
 first on ``PYTHONPATH`` (only through ``sgl_ridgefill.cpu.cpu_environment``), so those imports succeed;
 calling any of the placeholders raises ``NotImplementedError`` naming the op, so a CPU run can never
 silently depend on a CUDA kernel.
+
+The CPU ops SGLang's Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) call are real: ``sgl_kernel.mamba`` and
+the ``torch.ops.sgl_kernel.*_cpu`` ops registered on import (``_ops.py``), both pure PyTorch
+(``sgl_ridgefill.cpu.gdn_ops``).
 """
 
 import logging
@@ -13,6 +17,10 @@ import logging
 _log = logging.getLogger("sgl_kernel_cpu_shim")
 __version__ = "0.0.0+cpu-shim"
 RIDGEFILL_CPU_SHIM = True
+
+from . import _ops  # noqa: E402
+
+_ops.register()
 
 
 class _Missing:
