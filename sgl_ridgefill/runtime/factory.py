@@ -85,6 +85,16 @@ def _disabled(config: ServerConfig, reason: str, num_layers: int = 0) -> RidgeFi
     return RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=num_layers, disabled=reason)))
 
 
+def hybrid_refusal(hybrid: bool, *, tp: bool, pd_prefill: bool) -> str | None:
+    """Why RidgeFill cannot serve a hybrid (Gated DeltaNet) model in this process, or ``None``: neither tensor
+    parallelism (the GDN states are sharded by head) nor a PD prefill worker (the states travel to the decode
+    worker) has been tested with filled states yet."""
+    if not hybrid or not (tp or pd_prefill):
+        return None
+    where = "tensor parallelism" if tp else "a PD prefill worker"
+    return f"RidgeFill on hybrid (Gated DeltaNet) models under {where} is not supported yet"
+
+
 def maps_refusal(kind: MapKind, tp: distributed.TensorParallel | None, *, hybrid: bool = False) -> str | None:
     """Why maps of ``kind`` cannot serve this process, or ``None``."""
     if hybrid and kind.predicts_kv:
@@ -131,9 +141,9 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     inner = adapter.model
     tp = distributed.TensorParallel.current()
     pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
-    if adapter.recurrent_layers and (tp is not None or pd_prefill):
-        where = "tensor parallelism" if tp is not None else "a PD prefill worker"
-        return _disabled(config, f"RidgeFill on hybrid (Gated DeltaNet) models under {where} is not supported yet")
+    refusal = hybrid_refusal(bool(adapter.recurrent_layers), tp=tp is not None, pd_prefill=pd_prefill)
+    if refusal is not None:
+        return _disabled(config, refusal)
     if tp is not None:
         from ..metrics import export_from_this_process
 

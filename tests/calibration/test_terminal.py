@@ -96,3 +96,14 @@ def test_calibrate_then_terminal_state(hybrid, text_corpus, tmp_path, capsys):
     assert record["interval"] == 64 and record["snapshots"] >= 2
     offsets = read_terminal_offsets(out)[(SPLIT, "ridgefill")]
     assert sorted(offsets) == [4, 5, 6] and offsets[4].shape == (4, 16, 16)
+
+
+def test_kv_kinds_are_refused_for_a_hybrid(hybrid, text_corpus, tmp_path, capsys):
+    """A Gated DeltaNet layer needs its input, which maps of K and V do not give: one line, exit 1."""
+    path, _ = hybrid
+    rc = _run(["calibrate", "--model", str(path), "--corpus", str(text_corpus), "--splits", str(SPLIT),
+               "--out", str(tmp_path / "maps"), "--kind", "kv", "--max-tokens", "500", "--doc-tokens", "128",
+               "--heldout-docs", "1", "--dtype", "float32", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Gated DeltaNet" in err and "fit residual or normalised maps" in err, err
+    assert not (tmp_path / "maps").exists()

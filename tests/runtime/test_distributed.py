@@ -144,3 +144,23 @@ def test_kv_maps_are_refused_under_tensor_parallelism():
     assert maps_refusal(MAP_KINDS["kv+context"], tp) is not None
     assert maps_refusal(MAP_KINDS["residual"], tp) is None and maps_refusal(MAP_KINDS["normalised"], tp) is None
     assert maps_refusal(MAP_KINDS["kv"], None) is None
+
+
+def test_kv_maps_are_refused_on_hybrids():
+    """A hybrid's upper Gated DeltaNet layers need their input, which kv maps do not predict."""
+    from sgl_ridgefill.maps.kinds import MAP_KINDS
+    from sgl_ridgefill.runtime.factory import maps_refusal
+
+    for name in ("kv", "kv+context"):
+        assert "Gated DeltaNet" in maps_refusal(MAP_KINDS[name], None, hybrid=True)
+    assert maps_refusal(MAP_KINDS["residual"], None, hybrid=True) is None
+    assert maps_refusal(MAP_KINDS["normalised"], None, hybrid=True) is None
+
+
+def test_hybrids_are_switched_off_under_tp_and_on_pd_prefill_workers():
+    from sgl_ridgefill.runtime.factory import hybrid_refusal
+
+    assert "tensor parallelism" in hybrid_refusal(True, tp=True, pd_prefill=False)
+    assert "PD prefill worker" in hybrid_refusal(True, tp=False, pd_prefill=True)
+    assert hybrid_refusal(True, tp=False, pd_prefill=False) is None
+    assert hybrid_refusal(False, tp=True, pd_prefill=True) is None
