@@ -22,7 +22,13 @@ SINK = {"first_rows": 1, "norm_ratio": 10.0}
 
 # (family, map kind, chunked prefill size): Qwen2 has K/V biases, Qwen3 a K norm; chunks of 37 put the
 # boundary and the context's carry inside chunks.
-SERVED = [("qwen2", "normalised", 48), ("qwen3", "kv", 64), ("qwen2", "kv+context", 37), ("qwen3", "kv+context", 512)]
+# Two engines run in the README's test command; the other two (an engine each, about 2.5 minutes) are slow.
+SERVED = [
+    pytest.param(("qwen2", "normalised", 48), marks=pytest.mark.slow),
+    ("qwen3", "kv", 64),
+    ("qwen2", "kv+context", 37),
+    pytest.param(("qwen3", "kv+context", 512), marks=pytest.mark.slow),
+]
 
 
 @pytest.fixture(scope="module", params=SERVED, ids=lambda p: f"{p[0]}-{p[1]}-{p[2]}")
