@@ -49,6 +49,9 @@ def unsupported_reason(runner: Any) -> str | None:
         (getattr(sa, "enable_lora", False) or getattr(sa, "lora_paths", None), "LoRA adapters are not supported"),
         (getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None), f"quantised KV cache ({getattr(sa, 'kv_cache_dtype', '')}) is not supported"),
         (getattr(sa, "enable_deterministic_inference", False), "deterministic inference is not supported"),
+        ((getattr(sa, "tokenizer_worker_num", 1) or 1) > 1,
+         "several tokenizer workers are not supported (SGLang's extra workers load no plugin, so nothing there "
+         "checks RidgeFill's request parameters)"),
     )
     for failed, reason in checks:
         if failed:

@@ -129,6 +129,8 @@ def test_real_server_args_are_refused_at_startup():
     assert "DP attention is not supported" in reason(tp_size=2, dp_size=2, enable_dp_attention=True)
     assert reason(tp_size=2) is None
     assert reason(disaggregation_mode="prefill") is None
+    # S3: SGLang's extra tokenizer workers never load plugins (no parameter check, no namespace reservation).
+    assert "several tokenizer workers are not supported" in reason(tokenizer_worker_num=2)
 
 
 def test_kv_maps_are_refused_under_tensor_parallelism():
