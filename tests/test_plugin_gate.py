@@ -103,3 +103,25 @@ def test_every_response_and_streamed_chunk_shows_one_summary_dict():
     assert first["meta_info"]["ridgefill"] == summary and later["meta_info"]["ridgefill"] == summary
     assert batch[0]["meta_info"]["ridgefill"] == summary and "ridgefill" not in batch[1]["meta_info"]
     assert plain == {"text": "no meta"}
+
+
+def test_a_weight_update_turns_ridgefill_off():
+    """S5: the maps were fitted to the weights the server started with; after SGLang loads new weights every
+    request runs exact and says why."""
+    from sgl_ridgefill.config import ServerConfig
+    from sgl_ridgefill.patches import after_weight_update
+    from sgl_ridgefill.runtime.admission import Admitter, ServerFacts
+    from sgl_ridgefill.runtime.runtime import RidgeFillRuntime, get_runtime, set_runtime
+
+    config = ServerConfig(prefill_backend="ridgefill", maps="m")
+    rt = RidgeFillRuntime(config, None, Admitter(config, ServerFacts(num_layers=4)))
+    previous = get_runtime()
+    set_runtime(rt)
+    try:
+        assert rt.disabled is None
+        after_weight_update(None, object())
+        assert "weights were updated" in rt.disabled
+        decision = rt.admit({"arm": "ridgefill"})
+        assert decision.plan is None and "weights were updated" in decision.reason
+    finally:
+        set_runtime(previous)
