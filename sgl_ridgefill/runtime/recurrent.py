@@ -174,7 +174,11 @@ def add_to_state(ctx: PassContext, fb: ForwardBatch, i: int, layer_id: int, delt
 @contextlib.contextmanager
 def empty_states(ctx: PassContext, fb: ForwardBatch, i: int, layers: list[int]) -> Iterator[None]:
     """Request ``i``'s states of ``layers`` (conv window and recurrent state) are zero inside the block and
-    restored after it: the probe starts from empty states, as in the paper."""
+    restored after it: the probe starts from empty states, as in the paper. No layers (a dense model, which
+    has no state pool): nothing to do."""
+    if not layers:
+        yield
+        return
     slot = _slot(ctx, fb, i)
     saved = []
     for l in layers:
