@@ -94,6 +94,7 @@ def engine_run(tiny_models, tmp_path_factory, run):
     return out, [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()], done
 
 
+@pytest.mark.slow  # two more engines, about 90 s
 def test_offline_engines_check_and_score_like_the_servers(run, engine_run):
     """``--engine``: the stock engine's check passes, every arm runs, and the RidgeFill engine scores each
     document's tail exactly as the RidgeFill server did (same weights, maps, dtype and kernels)."""
