@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
              "--mem-fraction-static", "0.6"]  # a ceiling: --max-total-tokens caps the KV pool (see demo.py)
     if args.split is not None:
         flags += ["--ridgefill-split", str(args.split)]
+    if not _has_tokenizer(model_dir):  # a random-weight folder (bench/synthetic.py): the bench sends token ids
+        flags += ["--skip-tokenizer-init"]
     started: list = []
     from ..models.fetch import default_cache_dir
 
@@ -269,3 +271,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _has_tokenizer(model_dir) -> bool:
+    import pathlib
+
+    folder = pathlib.Path(model_dir)
+    return any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))

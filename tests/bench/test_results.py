@@ -168,6 +168,7 @@ def test_serve_starts_a_cpu_server_in_the_chosen_dtype(tmp_path, monkeypatch):
     assert args.func(args) == 0
     flags = seen["flags"]
     assert flags[flags.index("--dtype") + 1] == "float32" and "--prefill-backend" in flags
+    assert "--skip-tokenizer-init" in flags  # a folder without a tokenizer (random weights): token ids only
     (folder,) = (tmp_path / "bench").iterdir()
     assert folder.name.endswith("-float32")
     report = json.loads((folder / "bench.json").read_text())
