@@ -77,7 +77,9 @@ def test_alternating_medians_and_ratio_against_fake_server(model_dir):
     assert all(r.cached_tokens == 0 for r in records)
     for s in summaries:
         assert 0.2 <= s.exact_median < 0.3 and 0.1 <= s.ridgefill_median < 0.2
-        assert 1.5 < s.speedup < 2.05 and s.ratio_min <= s.speedup <= s.ratio_max
+        # The ratio of the medians (sleep jitter moves it around 2; the relation is what is checked).
+        assert s.speedup == pytest.approx(s.exact_median / s.ridgefill_median)
+        assert 1.5 < s.speedup < 3.0 and s.ratio_min <= s.speedup <= s.ratio_max
         assert s.cache_hits == 0
 
 
