@@ -115,7 +115,10 @@ class RequestState:
         """The prefill raised in the chunk starting at ``chunk_start``, which then runs exactly. The rows
         earlier chunks filled keep their filled KV (reported, never shared)."""
         self.failed = True
-        filled = max(chunk_start - self.start, 0) if self.bound and self.plan.arm != "nofill" else 0
+        # Rows past the boundary are tail rows, never filled (their upper layers wait for the last chunk).
+        filled = 0
+        if self.bound and self.plan.arm != "nofill":
+            filled = max(min(chunk_start, self.boundary) - self.start, 0)
         if filled:
             reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
             self.stats["filled_before_failure"] = filled

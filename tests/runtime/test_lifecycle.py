@@ -198,3 +198,5 @@ def test_a_failure_after_earlier_filled_chunks_says_so():
     assert later["ran"] is False and later["filled_before_failure"] == 48
     assert later["reason"].endswith("the 48 prompt rows of earlier chunks keep their filled KV")
     assert "filled_before_failure" not in failed_at(58, arm="nofill")
+    # A failure in the last chunk of a tail spanning chunks: only prefix rows [10, 92) were filled.
+    assert failed_at(96)["filled_before_failure"] == 82
