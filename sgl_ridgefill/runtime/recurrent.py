@@ -171,6 +171,22 @@ def add_to_state(ctx: PassContext, fb: ForwardBatch, i: int, layer_id: int, delt
     temporal[slot] = (temporal[slot].float() + delta.float()).to(temporal.dtype)
 
 
+def _snapshot(ctx: PassContext, slot: int, layers: list[int]) -> list:
+    """Copies of the states (conv window and recurrent state) of ``layers`` in the pool slot ``slot``."""
+    out = []
+    for l in layers:
+        cache = _layer_cache(ctx, l)
+        out.append((cache, [c[slot].clone() for c in cache.conv], cache.temporal[slot].clone()))
+    return out
+
+
+def _restore(slot: int, saved: list) -> None:
+    for cache, conv, temporal in saved:
+        for c, value in zip(cache.conv, conv):
+            c[slot] = value
+        cache.temporal[slot] = temporal
+
+
 @contextlib.contextmanager
 def empty_states(ctx: PassContext, fb: ForwardBatch, i: int, layers: list[int]) -> Iterator[None]:
     """Request ``i``'s states of ``layers`` (conv window and recurrent state) are zero inside the block and
@@ -180,20 +196,33 @@ def empty_states(ctx: PassContext, fb: ForwardBatch, i: int, layers: list[int]) 
         yield
         return
     slot = _slot(ctx, fb, i)
-    saved = []
-    for l in layers:
-        cache = _layer_cache(ctx, l)
-        saved.append((cache, [c[slot].clone() for c in cache.conv], cache.temporal[slot].clone()))
+    saved = _snapshot(ctx, slot, layers)
+    for cache, _, _ in saved:
         for c in cache.conv:
             c[slot] = 0
         cache.temporal[slot] = 0
     try:
         yield
     finally:
-        for cache, conv, temporal in saved:
-            for c, value in zip(cache.conv, conv):
-                c[slot] = value
-            cache.temporal[slot] = temporal
+        _restore(slot, saved)
+
+
+@contextlib.contextmanager
+def restored_on_failure(ctx: PassContext, fb: ForwardBatch, i: int) -> Iterator[None]:
+    """Request ``i``'s states of every recurrent layer are put back as they were if the block raises: the
+    exact fallback then runs the chunk from the states it started from, not from states RidgeFill's lower
+    pass (or fill) already advanced over the same rows. Nothing to do on a dense model."""
+    layers = list(ctx.adapter.recurrent_layers)
+    if not layers:
+        yield
+        return
+    slot = _slot(ctx, fb, i)
+    saved = _snapshot(ctx, slot, layers)
+    try:
+        yield
+    except BaseException:
+        _restore(slot, saved)
+        raise
 
 
 def fills_states_in_sweep_one(st: RequestState) -> bool:

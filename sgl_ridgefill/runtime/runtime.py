@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import prefill
+from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
 from .passes import PassContext
 from .prefill import SelectionResources
@@ -154,7 +154,8 @@ class RidgeFillRuntime:
                 if st is None:
                     continue
                 try:
-                    prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden)
+                    with recurrent.restored_on_failure(ctx, fb, i):
+                        prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden)
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
                     logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
                     st.fail(f"RidgeFill failed ({type(e).__name__}: {e}); this chunk ran exactly",
