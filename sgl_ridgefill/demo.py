@@ -21,6 +21,8 @@ import random
 import sys
 import time
 
+from .cpu.dtype import CHOICES as DTYPE_CHOICES
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 PROMPT_LENGTHS = (8192, 4096, 2048)
 # On CPU, SGLang leaves the KV cache what is still free after loading the weights minus (1 - this) of what was
@@ -265,7 +267,7 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--budget-s", type=float, default=150.0,
                    help="seconds the exact and the RidgeFill prefill may take together, estimated from a one-second "
                    "matmul measurement (default 150)")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="model dtype (default auto: bfloat16 where this CPU has native bfloat16 matmuls, else float32)")
     p.add_argument("--split", type=int, default=12)
     p.add_argument("--tail", type=int, default=1024)

@@ -23,6 +23,7 @@ import pathlib
 import sys
 from typing import Any
 
+from ..cpu.dtype import CHOICES as DTYPE_CHOICES
 from .bounds import ModelDims
 
 DEFAULT_URL = "http://127.0.0.1:30000"
@@ -64,7 +65,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--serve", metavar="MODEL", default=None,
                    help="start a RidgeFill server on this CPU for MODEL (a folder or a `sgl-ridgefill model` name) with "
                    "--ridgefill-maps, instead of using --url")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="with --serve: the server's dtype (default auto: bfloat16 where this CPU has native bfloat16 "
                    "matmuls, else float32)")
     p.add_argument("--lengths", type=_lengths, default=(2048, 4096, 8192), help="prompt lengths in tokens (default 2048,4096,8192)")

@@ -24,6 +24,7 @@ from .corpus import open_corpus
 from .pipeline import peak_memory_mib
 from .stats import SplitStats
 from .targets import Accumulator, sink_rule
+from sgl_ridgefill.cpu.dtype import CHOICES as DTYPE_CHOICES
 
 
 def benchmark_pass(
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", default="12", help="comma-separated")
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--doc-tokens", type=int, default=2048)
-    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="default auto: bfloat16 where this CPU has native bfloat16 matmuls, else float32")
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)

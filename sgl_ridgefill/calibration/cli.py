@@ -20,6 +20,8 @@ import argparse
 import pathlib
 import sys
 
+from sgl_ridgefill.cpu.dtype import CHOICES as DTYPE_CHOICES
+
 
 def _lambda(text: str) -> float | None:
     if text == "auto":
@@ -140,7 +142,7 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
     parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
     parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
-    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="model dtype for the pass (default auto: bfloat16 where this CPU has native bfloat16 "
                         "matmuls, float32 elsewhere; the maps serve the model in either dtype)")
     parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")

@@ -28,6 +28,7 @@ import time
 from ..settings import cli_flags, engine_keywords
 from . import arms as A
 from . import sizing
+from ..cpu.dtype import CHOICES as DTYPE_CHOICES
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -70,7 +71,7 @@ def add_subparser(subparsers) -> None:
                         "24; none: no per-layer splice)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="model dtype of the local servers or engines (default auto: bfloat16 where this CPU has native "
                    "bfloat16 matmuls, float32 elsewhere; on a GPU, bfloat16)")
     p.add_argument("--engine", action="store_true",
