@@ -17,16 +17,12 @@ import sys
 from collections.abc import Mapping
 
 from .environment import CPU_SERVER_ARGS, HYBRID_CPU_SERVER_ARGS, cpu_environment, is_hybrid_model
-from .parallel import Layout, parallel_environment, parallel_flags
+from .parallel import Layout, flag_values, parallel_environment, parallel_flags
 
 
 def _model_path(argv: list[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg in ("--model-path", "--model") and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(("--model-path=", "--model=")):
-            return arg.split("=", 1)[1]
-    return None
+    values = flag_values(argv)
+    return values.get("--model-path") or values.get("--model")
 
 
 def cpu_flags(argv: list[str], extra: Mapping[str, object] | None = None) -> list[str]:

@@ -48,7 +48,7 @@ class Layout:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> Layout:
-        values = _flag_values(argv)
+        values = flag_values(argv)
         tp = values.get("--tp-size") or values.get("--tensor-parallel-size") or "1"
         try:
             tp_size = int(tp)
@@ -62,7 +62,7 @@ class Layout:
         return self.disaggregation_mode in PD_FLAGS
 
 
-def _flag_values(argv: Sequence[str]) -> dict[str, str]:
+def flag_values(argv: Sequence[str]) -> dict[str, str]:
     """``--flag value`` and ``--flag=value`` pairs of ``argv`` (the last one wins)."""
     out: dict[str, str] = {}
     for i, arg in enumerate(argv):
