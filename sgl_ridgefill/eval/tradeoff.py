@@ -23,6 +23,7 @@ from typing import Any
 
 from .arms import EXACT, RIDGEFILL, RIDGEFILL_ROWS, ROWS_SHARE
 from .markdown import NA, ci, score, signed, table
+from .plots import find_row
 from .retrieval import ALL, haystacks, paired_difference, pooled
 
 NOT_RUN = "not run"
@@ -89,8 +90,8 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
     for name in haystacks(filled):
         by_haystack[name] = {r["arm"]: r for r in filled if r.get("haystack") == name and r["arm"] in ARMS}
     diffs = pooled(summary.get("retrieval_diffs", []))
-    vs_exact = {arm: _find(diffs, length=run.length, arm=arm, vs=EXACT) for arm in (RIDGEFILL, RIDGEFILL_ROWS)}
-    key = _find(summary.get("loss_diffs", []), length=run.length, metric="key", arm=RIDGEFILL, vs=EXACT)
+    vs_exact = {arm: find_row(diffs, length=run.length, arm=arm, vs=EXACT) for arm in (RIDGEFILL, RIDGEFILL_ROWS)}
+    key = find_row(summary.get("loss_diffs", []), length=run.length, metric="key", arm=RIDGEFILL, vs=EXACT)
     layers, tail = meta.get("num_layers"), meta.get("tail")
     speed = speed_rows = None
     if isinstance(layers, int) and isinstance(tail, int):
@@ -104,10 +105,6 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         "vs_reference": None if reference is None or reference is summary else
         cross_run_difference(summary, reference, run.length, RIDGEFILL, n_resamples=n_resamples),
     }
-
-
-def _find(rows: Sequence[Row], **match: Any) -> Row | None:
-    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
 def cross_run_difference(summary: Mapping[str, Any], reference: Mapping[str, Any], length: int, arm: str, *,
