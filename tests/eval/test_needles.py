@@ -18,14 +18,6 @@ NIAH = [t for t in TASKS if t.startswith("niah_")]
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    pytest.importorskip("tokenizers")
-    from tests.support.models import make_tokenizer
-
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> str:
     """A folder haystack: a few standard-library modules saved as ``.txt``."""
     root = tmp_path_factory.mktemp("stdlib_text")

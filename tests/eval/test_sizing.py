@@ -50,14 +50,6 @@ def test_the_plan_counts_samples_by_region_and_requests():
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    pytest.importorskip("tokenizers")
-    from tests.support.models import make_tokenizer
-
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> str:
     """A prose-like folder haystack (standing in for ``text``, which needs the Debian packages)."""
     root = tmp_path_factory.mktemp("prose")
