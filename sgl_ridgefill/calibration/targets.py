@@ -78,8 +78,8 @@ def kv_dim(model: torch.nn.Module) -> int:
 
 
 def recurrent_layers(model: torch.nn.Module) -> list[int]:
-    """The decoder layers without softmax attention (a hybrid's Gated DeltaNet layers)."""
-    return [i for i, layer in enumerate(decoder_layers(model)) if not hasattr(layer, "self_attn")]
+    """The decoder layers of an HF hybrid whose mixer is Gated DeltaNet (``linear_attn``)."""
+    return [i for i, layer in enumerate(decoder_layers(model)) if hasattr(layer, "linear_attn")]
 
 
 class Accumulator:

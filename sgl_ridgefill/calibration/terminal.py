@@ -26,6 +26,7 @@ from sgl_ridgefill.gdn_layout import hf_projections
 
 from .capture import capture_layer_inputs, decoder_layers
 from .config import CalibrationError
+from .targets import recurrent_layers
 
 DEFAULT_PROMPTS = 13  # the paper's count
 DEFAULT_INTERVAL = 2048  # the paper's spacing of snapshots
@@ -34,11 +35,6 @@ DEFAULT_PROMPT_TOKENS = 32768
 
 def _log(message: str) -> None:
     print(f"[sgl-ridgefill] {message}", file=sys.stderr, flush=True)
-
-
-def recurrent_layers(model: torch.nn.Module) -> list[int]:
-    """Layers of an HF hybrid with a Gated DeltaNet mixer (``linear_attn``)."""
-    return [l for l, layer in enumerate(decoder_layers(model)) if hasattr(layer, "linear_attn")]
 
 
 @torch.no_grad()
