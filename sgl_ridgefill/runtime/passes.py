@@ -206,15 +206,18 @@ def upper_pass(
             with row_queries(steps[0].scope):
                 ctx.backend.init_forward_metadata(steps[0].sub)
         for layer_id in range(split, ad.shape.num_layers):
-            if before_layer is not None:
+            recurrent_layer = ad.is_recurrent(layer_id)
+            if before_layer is not None or recurrent_layer:
                 hs = [residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]
-                before_layer(layer_id, torch.cat(hs))
-            if ad.is_recurrent(layer_id):
-                # One state per request: the layer runs the pass's rows as one sequence, not step by step.
-                assert recurrence is not None, "a recurrent layer in an upper pass needs its recurrence"
-                x = recurrence(layer_id, torch.cat([residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]))
-                hs = [residual_batch.set_written(x[s.rows], s.sub) for s in steps]
-                continue
+                x_in = torch.cat(hs)  # every row's layer input
+                if before_layer is not None:
+                    before_layer(layer_id, x_in)
+                if recurrent_layer:
+                    # One state per request: the layer runs the pass's rows as one sequence, not step by step.
+                    assert recurrence is not None, "a recurrent layer in an upper pass needs its recurrence"
+                    x = recurrence(layer_id, x_in)
+                    hs = [residual_batch.set_written(x[s.rows], s.sub) for s in steps]
+                    continue
             for j, s in enumerate(steps):
                 offset[0] = s.rows.start
                 with row_queries(s.scope):

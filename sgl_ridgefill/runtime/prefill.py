@@ -118,8 +118,9 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     n_prefix = min(max(boundary - p0, 0), n)
     fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
     if n_prefix and plan.arm != "nofill":
-        z, st.context = fill.features(x_split, st.context)  # every row of the chunk, in order
-        passes.fill_pass(ctx, fill, x_split[:n_prefix], z[:n_prefix], positions[:n_prefix], slots[:n_prefix])
+        # The chunk's prefix rows, in order (no later chunk fills, so the context past them is never read).
+        z, st.context = fill.features(x_split[:n_prefix], st.context)
+        passes.fill_pass(ctx, fill, x_split[:n_prefix], z, positions[:n_prefix], slots[:n_prefix])
         sink = ctx.maps.folder.sink if fill.maps is not None else None
         if sink:
             # Rows the maps were not fitted on (massive activations) run exactly.
@@ -127,7 +128,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
             st.sink_rows.extend(positions[:n_prefix][flagged].tolist())
             if st.prefix_x is None:  # no selection: the sinks are the only exact prefix rows
                 st.sink_x.append(x_split[:n_prefix][flagged.to(x_split.device)])
-        if recurrent.fills_states_in_sweep_one(st) and recurrent.has_recurrent_layers(ctx, split):
+        if recurrent.fills_states_in_sweep_one(st):  # a model without upper recurrent layers: nothing to fill
             recurrent.fill_states(ctx, fb, i, st, x_split[:n_prefix], p0)
     if n_prefix and st.prefix_x is not None:
         st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
