@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from sgl_ridgefill.bench.synthetic import make_tiny_checkpoint, make_tiny_maps
+from sgl_ridgefill.bench.synthetic import make_tiny_checkpoint, make_tiny_maps, near_identity_maps
 from tests.support.reference import Reference
 
 SPLIT = 2
@@ -15,13 +15,10 @@ NUM_LAYERS = 4
 
 
 def random_maps(hf_model, split: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Maps near the identity with enough noise that RidgeFill and identity fill differ."""
-    d = hf_model.config.hidden_size
-    n_upper = hf_model.config.num_hidden_layers - split
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.eye(d).expand(n_upper, d, d) + 0.05 * torch.randn(n_upper, d, d, generator=gen)
-    b = 0.02 * torch.randn(n_upper, d, generator=gen)
-    return a.contiguous(), b
+    """Maps near the identity with enough noise that RidgeFill and identity fill differ (those of
+    ``make_tiny_maps``, for every upper layer of ``hf_model``)."""
+    cfg = hf_model.config
+    return near_identity_maps(cfg.num_hidden_layers - split, cfg.hidden_size, noise=0.05, bias_noise=0.02, seed=seed)
 
 
 @functools.lru_cache(maxsize=None)
