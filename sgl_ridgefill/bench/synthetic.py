@@ -369,6 +369,7 @@ def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str,
     ``residual``/``normalised``: unchanged (the layer's RMSNorm is scale-free). ``kv``: the layer's K/V
     projections applied to the prediction without its norm's ``1/rms`` (``[W_k; W_v] diag(g) A_l``);
     ``kv+context``: that, beside small random weights on the lag and running-mean features."""
+    from ..calibration.targets import KVProjection
     from ..maps.kinds import map_kind
 
     k = map_kind(kind)
@@ -376,11 +377,9 @@ def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str,
         return a, b
     a_kv, b_kv = [], []
     for j, layer in enumerate(model.model.layers[split:]):
-        attn, gamma = layer.self_attn, layer.input_layernorm.weight.float()
-        w = torch.cat([attn.k_proj.weight, attn.v_proj.weight]).float()
-        bias = torch.cat([attn.k_proj.bias, attn.v_proj.bias]).float() if attn.k_proj.bias is not None else 0.0
-        a_kv.append(w @ (gamma[:, None] * a[j]))
-        b_kv.append(w @ (gamma * b[j]) + bias)
+        w, bias = (t.float() for t in KVProjection.of(layer).exact_map())  # [W_k; W_v] diag(g), biases
+        a_kv.append(w @ a[j])
+        b_kv.append(w @ b[j] + bias)
     a_out, b_out = torch.stack(a_kv), torch.stack(b_kv)
     if k.context:
         gen = torch.Generator().manual_seed(seed + 1)
