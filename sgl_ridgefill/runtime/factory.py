@@ -23,7 +23,7 @@ from ..maps.kinds import MapKind
 from . import distributed
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import HYBRID_NAMESPACE_REFUSAL, Admitter, ServerFacts
-from .hybrid_adapter import make_adapter
+from .hybrid_adapter import HYBRID_ARCHITECTURES, make_adapter
 from .prefill import SelectionResources
 from .runtime import RidgeFillRuntime
 
@@ -137,16 +137,17 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     reason = unsupported_reason(runner)
     if reason is not None:
         return _disabled(config, reason)
+    tp = distributed.TensorParallel.current()
+    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
+    hybrid = type(runner.model).__name__ in HYBRID_ARCHITECTURES
+    refusal = hybrid_refusal(hybrid, tp=tp is not None, pd_prefill=pd_prefill)  # before reading sharded weights
+    if refusal is not None:
+        return _disabled(config, refusal)
     try:
         adapter = make_adapter(runner.model)
     except UnsupportedModelError as e:
         return _disabled(config, str(e))
     inner = adapter.model
-    tp = distributed.TensorParallel.current()
-    pd_prefill = getattr(sa, "disaggregation_mode", "null") == "prefill"
-    refusal = hybrid_refusal(bool(adapter.recurrent_layers), tp=tp is not None, pd_prefill=pd_prefill)
-    if refusal is not None:
-        return _disabled(config, refusal)
     if tp is not None:
         from ..metrics import export_from_this_process
 

@@ -83,8 +83,6 @@ class HybridModelAdapter(ModelAdapter):
             if kind != GDN:
                 continue
             mixer = self.layers[l].linear_attn
-            if getattr(mixer, "attn_tp_size", 1) != 1:
-                raise UnsupportedModelError("RidgeFill does not support tensor parallelism")
             qkvz, ba = _weight(mixer.in_proj_qkvz), _weight(mixer.in_proj_ba)
             qkv_rows, z_rows, ba_rows = gdn_rows(mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim,
                                                  mixer.head_v_dim, family in INTERLEAVED)
