@@ -46,9 +46,11 @@ class ModelAdapter:
     def __init__(self, lm: torch.nn.Module):
         family = SUPPORTED_ARCHITECTURES.get(type(lm).__name__)
         if family is None:
+            from .hybrid_adapter import HYBRID_ARCHITECTURES
+
             raise UnsupportedModelError(
-                f"RidgeFill supports {', '.join(sorted(SUPPORTED_ARCHITECTURES))} and Qwen3_5ForCausalLM; "
-                f"this model is {type(lm).__name__}"
+                f"RidgeFill supports {', '.join(sorted(SUPPORTED_ARCHITECTURES))} and the hybrids "
+                f"{', '.join(sorted(HYBRID_ARCHITECTURES))}; this model is {type(lm).__name__}"
             )
         self.lm = lm
         self.model = lm.model
