@@ -25,10 +25,6 @@ from .cpu.dtype import CHOICES as DTYPE_CHOICES
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 PROMPT_LENGTHS = (8192, 4096, 2048)
-# On CPU, SGLang leaves the KV cache what is still free after loading the weights minus (1 - this) of what was
-# free before; float32 weights of the 0.5B model (2 GB) on a machine where other processes hold memory need
-# more than 0.3. --max-total-tokens caps the pool, so a larger fraction allocates nothing more.
-MEM_FRACTION_STATIC = 0.6
 NEEDLE = "The special magic number mentioned in the archive is {code}."
 QUESTION = "\n\nQuestion: What is the special magic number mentioned in the archive?\nAnswer: The special magic number mentioned in the archive is"
 
@@ -214,12 +210,9 @@ def run(args: argparse.Namespace) -> int:
     if at >= len(ids) - args.tail:
         raise DemoError("the needle is in the tail; lower --depth or --tail")
     _stage(4, n, "SGLang server on CPU with --prefill-backend ridgefill (about a minute)", started)
-    from .cpu.launch_server_process import running_server
+    from .cpu.launch_server_process import ridgefill_server_flags, running_server
 
-    flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
-             "--ridgefill-maps", str(maps_dir), "--ridgefill-split", str(args.split), "--ridgefill-tail", str(args.tail),
-             "--chunked-prefill-size", str(max(8192, tokens)), "--max-total-tokens", str(tokens + 4096),
-             "--mem-fraction-static", str(MEM_FRACTION_STATIC)]
+    flags = ridgefill_server_flags(model_dir, dtype.dtype, maps_dir, tail=args.tail, longest=tokens, split=args.split)
     with running_server(flags, log_path=cache / "demo-server.log") as url:
         _stage(5, n, "warm-up, then the same prompt exactly and with RidgeFill", started)
         _stream_ttft(url, ids[:256], {"enabled": False}, 1)

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     import contextlib
 
     from ..cpu.dtype import choose_dtype
-    from ..cpu.launch_server_process import running_server
+    from ..cpu.launch_server_process import ridgefill_server_flags, running_server
 
     try:
         if args.ridgefill_maps is None:
@@ -146,12 +146,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = choose_dtype(args.dtype)
     print(dtype.line(), file=sys.stderr, flush=True)
     longest = max(args.lengths)
-    flags = ["--model-path", str(model_dir), "--dtype", dtype.dtype, "--prefill-backend", "ridgefill",
-             "--ridgefill-maps", str(args.ridgefill_maps), "--ridgefill-tail", str(args.tail),
-             "--chunked-prefill-size", str(max(8192, longest)), "--max-total-tokens", str(longest + 4096),
-             "--mem-fraction-static", "0.6"]  # a ceiling: --max-total-tokens caps the KV pool (see demo.py)
-    if args.split is not None:
-        flags += ["--ridgefill-split", str(args.split)]
+    flags = ridgefill_server_flags(model_dir, dtype.dtype, args.ridgefill_maps, tail=args.tail, longest=longest,
+                                   split=args.split)
     if not _has_tokenizer(model_dir):  # a random-weight folder (bench/synthetic.py): the bench sends token ids
         flags += ["--skip-tokenizer-init"]
     started: list = []

@@ -14,6 +14,25 @@ from typing import Callable
 from .environment import cpu_environment
 
 
+# On CPU, SGLang leaves the KV cache what is still free after loading the weights minus (1 - this) of what was
+# free before; float32 weights of the 0.5B model (2 GB) on a machine where other processes hold memory need
+# more than 0.3. --max-total-tokens caps the pool, so a larger fraction allocates nothing more.
+MEM_FRACTION_STATIC = 0.6
+
+
+def ridgefill_server_flags(model_dir, dtype: str, maps_dir, *, tail: int, longest: int,
+                           split: int | None = None) -> list[str]:
+    """Flags of a RidgeFill server on this CPU for prompts of up to ``longest`` tokens in one chunk (the demo's
+    and ``bench --serve``'s)."""
+    flags = ["--model-path", str(model_dir), "--dtype", dtype, "--prefill-backend", "ridgefill",
+             "--ridgefill-maps", str(maps_dir), "--ridgefill-tail", str(tail),
+             "--chunked-prefill-size", str(max(8192, longest)), "--max-total-tokens", str(longest + 4096),
+             "--mem-fraction-static", str(MEM_FRACTION_STATIC)]
+    if split is not None:
+        flags += ["--ridgefill-split", str(split)]
+    return flags
+
+
 def free_port() -> int:
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
