@@ -6,8 +6,11 @@ dtype, row dtype, ``d_in``, ``d_out``, int8 group size). On CUDA it runs every c
 :data:`CANDIDATES` on representative row counts (:data:`DEFAULT_ROWS`: the filled rows of a prefill chunk),
 checks each against float64 arithmetic on the first rows, and keeps the one with the smallest total
 time. A candidate that raises (a kernel that does not compile, say) or disagrees is dropped; with none left
-the reference is used. Off CUDA the answer is the reference, without measuring. The choice and every
-timing are logged, and measured choices are cached per process.
+the reference is used. On a CPU the candidates are the float32 reference and ``torch.addmm`` in the rows'
+half dtype, which runs on the CPU's native bfloat16 units where it has them (measured: 5x faster with AMX)
+and much slower where it does not; float32 rows on a CPU (where both are the same addmm) and other devices
+get the reference without measuring. The choice and every timing are logged, and measured choices are
+cached per process.
 
 Engine-free: imports torch (and triton only through the Triton candidate).
 """
@@ -26,8 +29,8 @@ from sgl_ridgefill.kernels.timing import median_ms
 
 logger = logging.getLogger(__name__)
 
-# Order breaks ties: cuBLAS first.
-CANDIDATES = ("torch", "triton")
+# Per device type; order breaks ties: cuBLAS first on CUDA, the reference first on a CPU.
+CANDIDATES = {"cuda": ("torch", "triton"), "cpu": ("reference", "torch")}
 DEFAULT_ROWS = (2048, 8192)
 CHECK_ROWS = 256
 # Worst |candidate - float64| relative to the largest exact entry, by the rows' dtype: accumulation
@@ -55,7 +58,7 @@ class MapBackendChoice:
     def describe(self) -> str:
         """One log line: the choice, then every candidate's timings or failure."""
         if not self.ms and not self.failed:
-            return f"map backend for {self.shape}: {self.backend} (not a CUDA device: nothing to measure)"
+            return f"map backend for {self.shape}: {self.backend} (nothing to measure for these rows on this device)"
         parts = []
         for name, by_rows in self.ms.items():
             times = ", ".join(f"{t:.3f} ms @{rows}" for rows, t in by_rows.items())
@@ -64,12 +67,12 @@ class MapBackendChoice:
         return f"map backend for {self.shape}: {self.backend}; " + "; ".join(parts)
 
 
-def choose_from_timings(ms: Mapping[str, Mapping[int, float]]) -> str:
-    """The candidate with the smallest total time over the row counts (the first of :data:`CANDIDATES` on a
-    tie); ``"reference"`` when there is none."""
+def choose_from_timings(ms: Mapping[str, Mapping[int, float]], device_type: str = "cuda") -> str:
+    """The candidate with the smallest total time over the row counts (the first of the device's
+    :data:`CANDIDATES` on a tie); ``"reference"`` when there is none."""
     if not ms:
         return "reference"
-    order = {name: i for i, name in enumerate(CANDIDATES)}
+    order = {name: i for i, name in enumerate(CANDIDATES.get(device_type, ()))}
     return min(ms, key=lambda name: (sum(ms[name].values()), order.get(name, len(order))))
 
 
@@ -97,7 +100,7 @@ def fastest_map_backend(
     device = torch.device(device)
     grouped = f" (groups of {group_size})" if group_size is not None else ""
     shape = f"{_name(map_dtype)} maps {d_in}->{d_out}{grouped}, {_name(x_dtype)} rows"
-    if timer is None and device.type != "cuda":
+    if timer is None and (device.type not in CANDIDATES or (device.type == "cpu" and x_dtype == torch.float32)):
         return MapBackendChoice("reference", shape, {}, {})
     key = (str(device), map_dtype, x_dtype, d_in, d_out, group_size, tuple(rows), repeats)
     if timer is None and key in _MEASURED:
@@ -105,16 +108,17 @@ def fastest_map_backend(
     measure = timer or measuring_timer(map_dtype, x_dtype, d_in, d_out, group_size, device, repeats)
     ms: dict[str, dict[int, float]] = {}
     failed: dict[str, str] = {}
-    for name in CANDIDATES:
+    for name in CANDIDATES.get(device.type, CANDIDATES["cuda"]):
         try:
             ms[name] = {n: float(measure(name, n)) for n in rows}
         except Exception as error:  # a candidate that cannot run is dropped, not fatal
             failed[name] = f"{type(error).__name__}: {str(error)[:300]}"
-    choice = MapBackendChoice(choose_from_timings(ms), shape, ms, failed)
+    choice = MapBackendChoice(choose_from_timings(ms, device.type), shape, ms, failed)
     logger.info("%s", choice.describe())
     if timer is None:
         _MEASURED[key] = choice
-        torch.cuda.empty_cache()  # the measurement's buffers must not look used when the KV pool is sized
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the measurement's buffers must not look used when the KV pool is sized
     return choice
 
 
@@ -129,7 +133,7 @@ def measuring_timer(
     map_dtype: torch.dtype, x_dtype: torch.dtype, d_in: int, d_out: int, group_size: int | None,
     device: torch.device | str, repeats: int,
 ) -> Timer:
-    """The measurement :func:`fastest_map_backend` uses on CUDA (it runs on any device).
+    """The measurement :func:`fastest_map_backend` uses on CUDA and on a CPU (it runs on any device).
 
     Times a candidate on Gaussian rows and a Gaussian map after checking it against float64 arithmetic on
     the first :data:`CHECK_ROWS` rows (not the float32 reference: a process may let float32 matmuls run in

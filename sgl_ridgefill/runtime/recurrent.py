@@ -4,7 +4,8 @@ request, advanced in position order.
 The paper has no separate fill for GDN layers (SPEC.md): the map predicts every upper layer's *input*, and a
 filled row runs the GDN layer's own norm, input projections, short conv and gated delta-rule update on
 ``x̂_l``, so its error folds into the state the tail inherits; its ``z`` projection, output norm, output
-projection and MLP are skipped. The state lives in the request's slot of SGLang's ``MambaPool`` and SGLang's
+projection and MLP are skipped (on the CPU the stand-in delta rule does not even compute the outputs of
+filled rows, :func:`sgl_ridgefill.cpu.gdn_ops.outputs_unread`). The state lives in the request's slot of SGLang's ``MambaPool`` and SGLang's
 own linear-attention backend advances it (a contiguous extend sub-batch of the request); chunked prefill
 carries it from chunk to chunk as it does for stock requests.
 
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..cpu import gdn_ops
 from .subbatch import virtual_subbatch
 
 if TYPE_CHECKING:
@@ -245,7 +247,8 @@ def fill_states(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, x_
     filled = torch.ones(x_split.shape[0], dtype=torch.bool)
     for layer_id in upper_recurrent_layers(ctx, st.plan.split):
         _, mixed_qkv, a, b = ad.gdn_inputs(layer_id, _predict(ctx, st, layer_id, x_split))
-        run_sequence(ctx, fb, i, layer_id, mixed_qkv, a, b, prefix_len=p0)
+        with gdn_ops.outputs_unread():  # filled rows' outputs are never read: the CPU stand-in skips them
+            run_sequence(ctx, fb, i, layer_id, mixed_qkv, a, b, prefix_len=p0)
         if st.recurrent is not None:
             st.recurrent.add(layer_id, ad.gdn_gates(layer_id, a), filled)
 

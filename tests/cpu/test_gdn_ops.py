@@ -64,6 +64,33 @@ def test_chunk_gated_delta_rule_matches_the_per_token_recurrence(lens):
     assert torch.equal(pool[untouched], before[untouched])
 
 
+def test_strongly_decaying_heads_match_the_recurrence():
+    """Decays of up to e^-8 per row (where the chunk's products would be subnormal and are flushed)."""
+    q, k, v, _, beta, cu = _gdn_inputs([150])
+    g = -torch.rand(1, 150, HV, generator=_gen(9)) * 8
+    g[..., 0] = -0.01  # one long-memory head beside them
+    pool = torch.randn(1, HV, V, K, generator=_gen(1))
+    before = pool.clone()
+    out, _, _ = gdn_ops.chunk_gated_delta_rule(q, k, v, g, beta, pool, cu, initial_state_indices=torch.tensor([0]))
+    o, last = _hf_recurrent(q, k, v, g, beta, before[0])
+    torch.testing.assert_close(out[0], o, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(pool[0], last, atol=2e-5, rtol=1e-4)
+
+
+def test_unread_outputs_advance_the_same_states():
+    q, k, v, g, beta, cu = _gdn_inputs([130, 5, 64])
+    slots = torch.tensor([2, 0, 1])
+    full = torch.randn(3, HV, V, K, generator=_gen(1))
+    states_only = full.clone()
+    out, _, _ = gdn_ops.chunk_gated_delta_rule(q, k, v, g, beta, full, cu, initial_state_indices=slots)
+    with gdn_ops.outputs_unread():
+        unread, _, _ = gdn_ops.chunk_gated_delta_rule(q, k, v, g, beta, states_only, cu, initial_state_indices=slots)
+    torch.testing.assert_close(states_only, full, atol=2e-5, rtol=1e-4)
+    assert unread.shape == out.shape and not unread.any()
+    again, _, _ = gdn_ops.chunk_gated_delta_rule(q, k, v, g, beta, full.clone(), cu, initial_state_indices=slots)
+    assert again.any()  # outside the block the outputs are computed again
+
+
 def test_chunk_gated_delta_rule_matches_transformers_chunked_form():
     q, k, v, g, beta, cu = _gdn_inputs([200])
     pool = torch.zeros(1, HV, V, K)
@@ -139,10 +166,13 @@ def _conv_by_hand(x, weight, window):
     return F.silu(out), xpad[:, -(weight.shape[1] - 1) :]
 
 
-def test_causal_conv_prefill_with_and_without_initial_state():
+@pytest.mark.parametrize("layout", ["dim-major", "row-major"])
+def test_causal_conv_prefill_with_and_without_initial_state(layout):
     gen = _gen(5)
     lens = [2, 9, 5]  # 2 < W - 1: the window keeps part of the old one
     x = torch.randn(CONV_DIM, sum(lens), generator=gen)
+    if layout == "row-major":  # what SGLang passes: the transpose of its [tokens, dim] rows
+        x = x.t().contiguous().t()
     weight = torch.randn(CONV_DIM, WIDTH, generator=gen)
     states = torch.randn(4, CONV_DIM, WIDTH - 1, generator=gen)
     before = states.clone()
@@ -160,6 +190,21 @@ def test_causal_conv_prefill_with_and_without_initial_state():
     assert torch.equal(states[[0, 2]], before[[0, 2]])
     hf = tq.causal_conv1d_fn(x[None, :, 2:11], weight, None, activation="silu")[0]  # from an empty window
     torch.testing.assert_close(out[:, 2:11], hf)
+
+
+def test_causal_conv_prefill_over_many_blocks_with_bias():
+    gen = _gen(8)
+    lens = [gdn_ops.CONV_BLOCK * 2 + 17, 3, gdn_ops.CONV_BLOCK]
+    x = torch.randn(sum(lens), CONV_DIM, generator=gen).t()
+    weight, bias = torch.randn(CONV_DIM, WIDTH, generator=gen), torch.randn(CONV_DIM, generator=gen)
+    states = torch.zeros(3, CONV_DIM, WIDTH - 1)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    out = gdn_ops.causal_conv1d_fn(x, weight, bias, states, cu, torch.tensor([0, 1, 2]), torch.tensor([False] * 3), None)
+    for i in range(3):
+        lo, hi = cu[i].item(), cu[i + 1].item()
+        ref = F.conv1d(F.pad(x[None, :, lo:hi], (WIDTH - 1, 0)), weight[:, None], bias, groups=CONV_DIM)[0]
+        torch.testing.assert_close(out[:, lo:hi], ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states[i], x[:, hi - (WIDTH - 1) : hi])
 
 
 def test_causal_conv_decode_step():

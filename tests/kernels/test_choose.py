@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from sgl_ridgefill.kernels import choose
-from sgl_ridgefill.kernels.backend import interpreter_active, triton_available
 from sgl_ridgefill.kernels.choose import choose_from_timings, fastest_map_backend, measuring_timer
 
 
@@ -41,7 +40,7 @@ def test_the_smaller_total_wins_and_every_timing_is_logged(caplog: pytest.LogCap
 
 def test_triton_wins_when_faster() -> None:
     timings = {"torch": {2048: 0.5, 8192: 2.0}, "triton": {2048: 0.45, 8192: 1.8}}
-    assert fastest_map_backend(torch.bfloat16, 896, 896, device="cpu", timer=_timer(timings)).backend == "triton"
+    assert fastest_map_backend(torch.bfloat16, 896, 896, device="cuda", timer=_timer(timings)).backend == "triton"
 
 
 def test_a_tie_goes_to_cublas() -> None:
@@ -63,12 +62,23 @@ def test_with_no_candidate_left_the_reference_is_used() -> None:
     assert choice.shape == "int8 maps 896->896 (groups of 128), bfloat16 rows"
 
 
-def test_off_cuda_the_reference_is_used_without_measuring() -> None:
-    choice = fastest_map_backend(torch.bfloat16, 896, 896, device="cpu")
+@pytest.mark.parametrize("device,x_dtype", [("cpu", torch.float32), ("meta", torch.bfloat16)])
+def test_the_reference_is_used_without_measuring_where_nothing_differs(device, x_dtype) -> None:
+    choice = fastest_map_backend(torch.bfloat16, 896, 896, device=device, x_dtype=x_dtype)
     assert (choice.backend, choice.ms, choice.failed) == ("reference", {}, {})
     assert choice.describe() == (
-        "map backend for bfloat16 maps 896->896, bfloat16 rows: reference (not a CUDA device: nothing to measure)"
+        f"map backend for bfloat16 maps 896->896, {str(x_dtype)[6:]} rows: reference "
+        "(nothing to measure for these rows on this device)"
     )
+
+
+def test_on_a_cpu_half_rows_choose_between_the_reference_and_torch() -> None:
+    calls: list[tuple[str, int]] = []
+    timings = {"reference": {16: 5.0}, "torch": {16: 1.0}}
+    choice = fastest_map_backend(torch.bfloat16, 64, 64, device="cpu", rows=(16,), timer=_timer(timings, calls))
+    assert choice.backend == "torch" and sorted(calls) == [("reference", 16), ("torch", 16)]
+    tie = {"reference": {16: 1.0}, "torch": {16: 1.0}}
+    assert fastest_map_backend(torch.bfloat16, 64, 64, device="cpu", rows=(16,), timer=_timer(tie)).backend == "reference"
 
 
 def test_group_size_only_with_int8() -> None:
@@ -93,16 +103,14 @@ def test_measured_choices_are_cached_per_shape(monkeypatch: pytest.MonkeyPatch) 
     assert len(made) == 2
 
 
-@pytest.mark.skipif(not triton_available() or interpreter_active(), reason="needs triton without the interpreter")
-@pytest.mark.parametrize("map_dtype,group_size", [(torch.float32, None), (torch.int8, 32)])
-def test_real_measurement_on_cpu_checks_and_times_torch_and_drops_triton(map_dtype, group_size) -> None:
-    timer = measuring_timer(map_dtype, torch.float32, 64, 48, group_size, "cpu", 1)
-    choice = fastest_map_backend(map_dtype, 64, 48, device="cpu", x_dtype=torch.float32, group_size=group_size,
+@pytest.mark.parametrize("map_dtype,group_size", [(torch.bfloat16, None), (torch.int8, 32)])
+def test_real_measurement_on_cpu_checks_and_times_both_candidates(map_dtype, group_size) -> None:
+    timer = measuring_timer(map_dtype, torch.bfloat16, 64, 48, group_size, "cpu", 1)
+    choice = fastest_map_backend(map_dtype, 64, 48, device="cpu", x_dtype=torch.bfloat16, group_size=group_size,
                                  rows=(16, 300), timer=timer)
-    assert choice.backend == "torch" and set(choice.ms["torch"]) == {16, 300}
-    assert all(t > 0 for t in choice.ms["torch"].values())
-    assert choice.failed["triton"].startswith("ValueError: apply_map")
-    assert "needs CUDA tensors or TRITON_INTERPRET=1" in choice.failed["triton"]
+    assert choice.backend in ("reference", "torch") and choice.failed == {}
+    assert set(choice.ms) == {"reference", "torch"}
+    assert all(t > 0 for by_rows in choice.ms.values() for t in by_rows.values())
 
 
 def test_a_candidate_that_disagrees_with_float64_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
