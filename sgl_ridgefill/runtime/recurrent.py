@@ -5,9 +5,9 @@ The paper has no separate fill for GDN layers (SPEC.md): the map predicts every 
 filled row runs the GDN layer's own norm, input projections, short conv and gated delta-rule update on
 ``x̂_l``, so its error folds into the state the tail inherits; its ``z`` projection, output norm, output
 projection and MLP are skipped (on the CPU the stand-in delta rule does not even compute the outputs of
-filled rows, :func:`sgl_ridgefill.cpu.gdn_ops.outputs_unread`). The state lives in the request's slot of SGLang's ``MambaPool`` and SGLang's
-own linear-attention backend advances it (a contiguous extend sub-batch of the request); chunked prefill
-carries it from chunk to chunk as it does for stock requests.
+filled rows: :func:`sgl_ridgefill.cpu.gdn_ops.outputs_unread`). The state lives in the request's slot of
+SGLang's ``MambaPool`` and SGLang's own linear-attention backend advances it (a contiguous extend sub-batch
+of the request); chunked prefill carries it from chunk to chunk as it does for stock requests.
 
 Two orders, both "the whole prefix through the state in position order once":
 
