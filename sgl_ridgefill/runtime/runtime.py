@@ -44,6 +44,16 @@ def set_runtime(rt: RidgeFillRuntime | None) -> None:
     _RUNTIME = rt
 
 
+def stop_request(req, message: str) -> None:
+    """Finish SGLang's ``req`` with a server error (HTTP 500 and ``message``) when its next result is checked:
+    the way an abort in flight ends a request, without touching what the running batch holds."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req.to_finish = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+
+
 class RidgeFillRuntime:
     """``chunk_rows``: SGLang's chunked-prefill budget, the most rows one upper-pass step runs; ``tp``: this
     process's tensor-parallel group (``None`` on one device)."""
@@ -161,6 +171,8 @@ class RidgeFillRuntime:
                     st.fail(f"RidgeFill failed ({type(e).__name__}: {e}); this chunk ran exactly",
                             chunk_start=int(fb.extend_prefix_lens_cpu[i]))
                     self._run_exact(backend, fb, [i], hidden)
+                    if st.stop_reason is not None and (req := self.live.req(fb.rids[i])) is not None:
+                        stop_request(req, st.stop_reason)
                 if st.prefill_done or st.exact_reason is not None:
                     self._finish(fb.rids[i], st)
             backend.init_forward_metadata(fb)

@@ -57,6 +57,8 @@ class RequestState:
     exact_reason: str | None = None  # why the request runs exactly after all (None: RidgeFill runs)
     prefill_done: bool = False
     failed: bool = False  # the prefill raised part-way: whatever it wrote is never shared
+    # Why the request must stop with an error after a failure (None: the exact fallback can answer it).
+    stop_reason: str | None = None
     released: bool = False
     # Split states kept for the second sweep: the tail's, and the new prefix rows' when rows get selected.
     tail_x: torch.Tensor | None = None  # [T, d]
@@ -116,12 +118,23 @@ class RequestState:
         earlier chunks filled keep their filled KV (reported, never shared)."""
         self.failed = True
         # Rows past the boundary are tail rows, never filled (their upper layers wait for the last chunk).
-        filled = 0
+        filled = deferred = 0
         if self.bound and self.plan.arm != "nofill":
             filled = max(min(chunk_start, self.boundary) - self.start, 0)
+        if self.bound:
+            first_tail = max(self.boundary, self.start)
+            deferred = max(chunk_start - first_tail, 0)
         if filled:
             reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
             self.stats["filled_before_failure"] = filled
+        if deferred:
+            # Their upper-layer KV (and, on hybrids, their upper recurrent state) was never written: no
+            # fallback of this or a later chunk can compute an answer from it.
+            self.stats["deferred_rows_lost"] = deferred
+            self.stop_reason = (
+                f"{reason.split(';')[0]}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks "
+                "ran only the lower layers, so no exact fallback can answer: the request stops"
+            )
         self.run_exact(reason)
 
     def free_buffers(self) -> None:
@@ -148,8 +161,9 @@ class RequestState:
         """What ran, for the response's ``meta_info["ridgefill"]``."""
         if self.exact_reason is not None:
             out = {"ran": False, "reason": self.exact_reason}
-            if self.stats.get("filled_before_failure"):
-                out["filled_before_failure"] = self.stats["filled_before_failure"]
+            for key in ("filled_before_failure", "deferred_rows_lost"):
+                if self.stats.get(key):
+                    out[key] = self.stats[key]
             return out
         plan = self.plan
         out = {"ran": True, "arm": plan.arm, "split": plan.split, "tail": plan.tail, "cache_mode": plan.cache_mode}

@@ -200,3 +200,39 @@ def test_a_failure_after_earlier_filled_chunks_says_so():
     assert "filled_before_failure" not in failed_at(58, arm="nofill")
     # A failure in the last chunk of a tail spanning chunks: only prefix rows [10, 92) were filled.
     assert failed_at(96)["filled_before_failure"] == 82
+
+
+def test_a_failure_after_tail_rows_of_earlier_chunks_stops_the_request():
+    """Tail rows of earlier chunks ran only the lower layers (their upper layers wait for the last chunk): an
+    exact fallback of a later chunk would read upper-layer KV they never wrote, so the request must stop
+    with an error instead of answering as if it ran exactly."""
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def failed_at(chunk_start, arm="ridgefill"):
+        st = RequestState(plan=RequestPlan(arm=arm, split=2, tail=8))
+        st.bind(torch.arange(100), None)
+        st.start = 10
+        st.fail("RidgeFill failed (ValueError: x); this chunk ran exactly", chunk_start=chunk_start)
+        return st
+
+    for chunk_start in (10, 58, 92):  # nothing of the tail ran before the failing chunk
+        assert failed_at(chunk_start).stop_reason is None
+    for arm in ("ridgefill", "nofill"):
+        st = failed_at(96, arm)
+        assert st.stop_reason == ("RidgeFill failed (ValueError: x); the 4 tail rows [92, 96) of earlier chunks "
+                                  "ran only the lower layers, so no exact fallback can answer: the request stops")
+        assert st.summary()["deferred_rows_lost"] == 4
+
+
+def test_stopping_a_request_finishes_it_with_a_server_error():
+    from http import HTTPStatus
+    from types import SimpleNamespace
+
+    from sgl_ridgefill.runtime.runtime import stop_request
+
+    req = SimpleNamespace(to_finish=None)
+    stop_request(req, "why")
+    assert req.to_finish.message == "why" and req.to_finish.status_code == HTTPStatus.INTERNAL_SERVER_ERROR
