@@ -41,6 +41,7 @@ class _RidgeFillSkip:
 
 
 RIDGEFILL_SKIP = _RidgeFillSkip()
+CHUNK_RAN_EXACTLY = "this chunk ran exactly"  # how a failure's reason ends (the fallback's outcome)
 
 
 @dataclass
@@ -132,7 +133,7 @@ class RequestState:
             # fallback of this or a later chunk can compute an answer from it.
             self.stats["deferred_rows_lost"] = deferred
             self.stop_reason = (
-                f"{reason.split(';')[0]}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks "
+                f"{reason.removesuffix('; ' + CHUNK_RAN_EXACTLY)}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks "
                 "ran only the lower layers, so no exact fallback can answer: the request stops"
             )
         self.run_exact(reason)
