@@ -118,6 +118,7 @@ class RequestState:
         """The prefill raised in the chunk starting at ``chunk_start``, which then runs exactly. The rows
         earlier chunks filled keep their filled KV (reported, never shared)."""
         self.failed = True
+        error = reason.removesuffix("; " + CHUNK_RAN_EXACTLY)
         # Rows past the boundary are tail rows, never filled (their upper layers wait for the last chunk).
         filled = deferred = 0
         if self.bound and self.plan.arm != "nofill":
@@ -133,8 +134,8 @@ class RequestState:
             # fallback of this or a later chunk can compute an answer from it.
             self.stats["deferred_rows_lost"] = deferred
             self.stop_reason = (
-                f"{reason.removesuffix('; ' + CHUNK_RAN_EXACTLY)}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks "
-                "ran only the lower layers, so no exact fallback can answer: the request stops"
+                f"{error}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks ran only the "
+                "lower layers, so no exact fallback can answer: the request stops"
             )
         self.run_exact(reason)
 
