@@ -61,9 +61,20 @@ class BenchClient:
         """``GET /get_model_info`` (``model_path``, ...)."""
         return self.get_json("/get_model_info")
 
-    def flush_cache(self) -> None:
-        """``POST /flush_cache``: empty the radix cache, so no request reuses another's prefix."""
-        self._request("POST", "/flush_cache", {})
+    def flush_cache(self, *, retry_s: float = 60.0) -> None:
+        """``POST /flush_cache``: empty the radix cache, so no request reuses another's prefix.
+
+        SGLang answers a ``/generate`` before the request has left its running batch and refuses a flush
+        (HTTP 400) until it has: refusals are retried for up to ``retry_s`` seconds, then raised."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                self._request("POST", "/flush_cache", {})
+                return
+            except ServerError as e:
+                if ": HTTP 400:" not in str(e) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.1)
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /generate`` with ``body``; raises :class:`ServerError` on an HTTP error or an aborted request."""

@@ -21,6 +21,7 @@ class FakeServer:
         self.stream_tail_s = stream_tail_s
         self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
         self.abort = abort
+        self.busy_flushes = 0  # the next this many /flush_cache calls are refused as SGLang does while busy
         self.log: list[tuple] = []  # ("flush",) or ("generate", arm, ids, params)
         self._cache: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
@@ -69,6 +70,11 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if self.path == "/flush_cache":
                     with fake._lock:
+                        if fake.busy_flushes > 0:
+                            fake.busy_flushes -= 1
+                            fake.log.append(("flush refused",))
+                            self._send(400, {"detail": "Flush cache failed."})
+                            return
                         fake._cache.clear()
                         fake.log.append(("flush",))
                     self._send(200, {})

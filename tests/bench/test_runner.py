@@ -177,3 +177,15 @@ def test_cli_unreachable_server(tmp_path, capsys):
     args = _parse(["--url", "http://127.0.0.1:9", "--lengths", "64", "--out", str(tmp_path / "out")])
     assert args.func(args) == 1
     assert capsys.readouterr().err.startswith("sgl-ridgefill bench: error: GET http://127.0.0.1:9/get_model_info: ")
+
+
+def test_a_flush_refused_while_the_last_request_winds_down_is_retried(model_dir):
+    """SGLang answers ``/generate`` before the request leaves its running batch, and refuses a flush until it
+    has (HTTP 400 "Flush cache failed"): the client retries instead of stopping the run."""
+    with FakeServer(str(model_dir), exact_s=0.0, ridgefill_s=0.0) as fake:
+        fake.busy_flushes = 2
+        BenchClient(fake.url).flush_cache()
+        assert fake.log == [("flush refused",), ("flush refused",), ("flush",)]
+        fake.busy_flushes = 10**6  # a server that never settles: a clear error after the retry budget
+        with pytest.raises(ServerError, match="flush_cache: HTTP 400"):
+            BenchClient(fake.url).flush_cache(retry_s=0.3)
