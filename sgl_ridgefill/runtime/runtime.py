@@ -17,7 +17,7 @@ from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
 from .passes import PassContext
 from .prefill import SelectionResources
-from .state import CHUNK_RAN_EXACTLY, LIVE, LiveRequests, RequestState, report
+from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class RidgeFillRuntime:
                         prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden)
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
                     logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
-                    st.fail(f"RidgeFill failed ({type(e).__name__}: {e}); {CHUNK_RAN_EXACTLY}",
+                    st.fail(f"RidgeFill failed ({type(e).__name__}: {e})",
                             chunk_start=int(fb.extend_prefix_lens_cpu[i]))
                     self._run_exact(backend, fb, [i], hidden)
                     if st.stop_reason is not None and (req := self.live.req(fb.rids[i])) is not None:

@@ -41,7 +41,6 @@ class _RidgeFillSkip:
 
 
 RIDGEFILL_SKIP = _RidgeFillSkip()
-CHUNK_RAN_EXACTLY = "this chunk ran exactly"  # how a failure's reason ends (the fallback's outcome)
 
 
 @dataclass
@@ -114,29 +113,29 @@ class RequestState:
             self.exact_reason = reason
         self.free_buffers()
 
-    def fail(self, reason: str, *, chunk_start: int) -> None:
-        """The prefill raised in the chunk starting at ``chunk_start``, which then runs exactly. The rows
-        earlier chunks filled keep their filled KV (reported, never shared)."""
+    def fail(self, error: str, *, chunk_start: int) -> None:
+        """The prefill raised (``error`` says how) in the chunk starting at ``chunk_start``, which then runs
+        exactly. The rows earlier chunks filled keep their filled KV (reported, never shared); tail rows of
+        earlier chunks (which ran only the lower layers) leave the request nothing to answer from
+        (:attr:`stop_reason`)."""
         self.failed = True
-        error = reason.removesuffix("; " + CHUNK_RAN_EXACTLY)
-        # Rows past the boundary are tail rows, never filled (their upper layers wait for the last chunk).
-        filled = deferred = 0
-        if self.bound and self.plan.arm != "nofill":
-            filled = max(min(chunk_start, self.boundary) - self.start, 0)
+        reason = f"{error}; this chunk ran exactly"
         if self.bound:
+            # Rows past the boundary are tail rows, never filled (their upper layers wait for the last chunk).
+            filled = max(min(chunk_start, self.boundary) - self.start, 0) if self.plan.arm != "nofill" else 0
+            if filled:
+                reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
+                self.stats["filled_before_failure"] = filled
             first_tail = max(self.boundary, self.start)
             deferred = max(chunk_start - first_tail, 0)
-        if filled:
-            reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
-            self.stats["filled_before_failure"] = filled
-        if deferred:
-            # Their upper-layer KV (and, on hybrids, their upper recurrent state) was never written: no
-            # fallback of this or a later chunk can compute an answer from it.
-            self.stats["deferred_rows_lost"] = deferred
-            self.stop_reason = (
-                f"{error}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks ran only the "
-                "lower layers, so no exact fallback can answer: the request stops"
-            )
+            if deferred:
+                # Their upper-layer KV (and, on hybrids, their upper recurrent state) was never written: no
+                # fallback of this or a later chunk can compute an answer from it.
+                self.stats["deferred_rows_lost"] = deferred
+                self.stop_reason = (
+                    f"{error}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks ran only "
+                    "the lower layers, so no exact fallback can answer: the request stops"
+                )
         self.run_exact(reason)
 
     def free_buffers(self) -> None:

@@ -189,7 +189,7 @@ def test_a_failure_after_earlier_filled_chunks_says_so():
         st = RequestState(plan=RequestPlan(arm=arm, split=2, tail=8))
         st.bind(torch.arange(100), None)
         st.start = 10
-        st.fail("RidgeFill failed (ValueError: x); this chunk ran exactly", chunk_start=chunk_start)
+        st.fail("RidgeFill failed (ValueError: x)", chunk_start=chunk_start)
         return st.summary()
 
     first = failed_at(10)
@@ -215,7 +215,7 @@ def test_a_failure_after_tail_rows_of_earlier_chunks_stops_the_request():
         st = RequestState(plan=RequestPlan(arm=arm, split=2, tail=8))
         st.bind(torch.arange(100), None)
         st.start = 10
-        st.fail("RidgeFill failed (ValueError: x); this chunk ran exactly", chunk_start=chunk_start)
+        st.fail("RidgeFill failed (ValueError: x)", chunk_start=chunk_start)
         return st
 
     for chunk_start in (10, 58, 92):  # nothing of the tail ran before the failing chunk
