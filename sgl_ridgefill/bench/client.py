@@ -16,7 +16,12 @@ from typing import Any
 
 
 class ServerError(RuntimeError):
-    """The server answered with an error, or could not be reached; the message names the URL."""
+    """The server answered with an error, or could not be reached; the message names the URL. ``status``: the
+    HTTP status of an error answer (None when there was none)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +55,7 @@ class BenchClient:
                 return resp.read()
         except urllib.error.HTTPError as e:
             detail = e.read()[:500].decode(errors="replace")
-            raise ServerError(f"{method} {self.url}{path}: HTTP {e.code}: {detail}") from None
+            raise ServerError(f"{method} {self.url}{path}: HTTP {e.code}: {detail}", e.code) from None
         except (urllib.error.URLError, OSError) as e:
             raise ServerError(f"{method} {self.url}{path}: {getattr(e, 'reason', e)}") from None
 
@@ -72,7 +77,7 @@ class BenchClient:
                 self._request("POST", "/flush_cache", {})
                 return
             except ServerError as e:
-                if ": HTTP 400:" not in str(e) or time.monotonic() >= deadline:
+                if e.status != 400 or time.monotonic() >= deadline:
                     raise
             time.sleep(0.1)
 
@@ -104,7 +109,7 @@ class BenchClient:
                     payload = json.loads(raw)
         except urllib.error.HTTPError as e:
             detail = e.read()[:500].decode(errors="replace")
-            raise ServerError(f"POST {self.url}/generate: HTTP {e.code}: {detail}") from None
+            raise ServerError(f"POST {self.url}/generate: HTTP {e.code}: {detail}", e.code) from None
         except (urllib.error.URLError, OSError) as e:
             raise ServerError(f"POST {self.url}/generate: {getattr(e, 'reason', e)}") from None
         payload = checked_response(payload, f"POST {self.url}/generate")
