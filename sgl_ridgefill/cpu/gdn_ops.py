@@ -270,7 +270,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
 
     qf, kf = heads(q, scale) if read else None, heads(k)
     vf, gf, bf = v[0].float(), g[0].float(), beta[0].float()
-    out = torch.zeros(v.shape[1:], dtype=torch.float32, device=v.device)
+    # Unread outputs stay zeros in q's dtype: no float32 buffer to fill and convert.
+    out = torch.zeros(v.shape[1:], dtype=torch.float32 if read else q.dtype, device=v.device)
     starts = cu_seqlens.tolist()
     slots = initial_state_indices.tolist() if initial_state_indices is not None else list(range(len(starts) - 1))
     for i, slot in enumerate(slots):
