@@ -60,19 +60,16 @@ def say(message: str) -> None:
     print(f"[soak] {message}", file=sys.stderr, flush=True)
 
 
-def _flush(url: str, timeout_s: float = 60.0) -> bool:
-    """``/flush_cache`` until it succeeds (SGLang refuses while requests are running or waiting)."""
-    import requests
+def _flush(url: str) -> bool:
+    """Empty the radix cache (``BenchClient.flush_cache``: refusals while a request leaves its batch are
+    retried); False when the server does not answer or keeps refusing."""
+    from ..bench.client import BenchClient, ServerError
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.post(url + "/flush_cache", timeout=30).status_code == 200:
-                return True
-        except requests.RequestException:
-            return False
-        time.sleep(0.2)
-    return False
+    try:
+        BenchClient(url).flush_cache()
+    except ServerError:
+        return False
+    return True
 
 
 def sequential(url: str, bodies: Sequence[dict], deadline: float) -> list[Outcome | None]:
