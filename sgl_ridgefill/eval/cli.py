@@ -69,6 +69,9 @@ def add_subparser(subparsers) -> None:
                    help="upper-layer ranges FIRST-LAST,... of the per-layer splices splice:keys@FIRST-LAST, run beside "
                         "splice:keys (default auto: the filled upper layers in two halves, 13-17,18-23 at split 12 of "
                         "24; none: no per-layer splice)")
+    p.add_argument("--exact-from", type=pathlib.Path, action="append", default=[], metavar="DIR",
+                   help="reuse the exact arm's records of another run folder on the same prompts, model and dtype "
+                        "(the exact arm does not depend on the maps or the split); repeatable")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -226,6 +229,15 @@ def map_kind(maps_dir: pathlib.Path) -> str:
     return str(manifest.get("map_kind") or "residual")
 
 
+def _fill_flops(kind: str, config: dict) -> int:
+    """What filling one row of one upper attention layer costs with ``kind`` maps on this model (FLOP)."""
+    from ..bench.bounds import ModelDims
+    from ..maps.kinds import map_kind as kind_named
+
+    dims = ModelDims.from_hf_config(config)
+    return kind_named(kind).fill_flops(dims.hidden_size, dims.kv_size)
+
+
 def changed_settings(meta: dict, settings: dict) -> list[str]:
     """``name: old -> new`` for each resume-relevant setting of ``settings`` that a run's meta record holds
     otherwise (a setting the record lacks counts as its value before it was recorded, if any)."""
@@ -318,15 +330,24 @@ def _run(args: argparse.Namespace) -> int:
         if changed:
             raise SystemExit(f"sgl-ridgefill eval: {results} holds a run with other settings ({'; '.join(changed)}); "
                              "use another --out")
+        meta = store.meta
     else:
-        store.add({"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
-                   "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
-                   "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
-                   "depths": args.depths, "seeds": args.seeds,
-                   "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
-                   "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
-                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
-                   "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype})
+        meta = {"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
+                "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
+                "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
+                "depths": args.depths, "seeds": args.seeds,
+                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
+                "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
+                "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,
+                "fill_flops_per_row": _fill_flops(kind, config)}
+        store.add(meta)
+    if args.exact_from:
+        from .shared_exact import import_exact
+
+        copied = import_exact(store, args.exact_from, meta, samples, docs, plan)
+        print(f"--exact-from: reused {copied['needle']} needle and {copied['loss']} loss record(s) of the exact arm",
+              flush=True)
     checked = any(r.get("kind") == "check" and r.get("passed") for r in load_records(results))
     max_len = max(args.lengths)
     from tqdm import tqdm

@@ -24,14 +24,15 @@ import shutil
 import subprocess
 import sys
 
+from ..maps import kinds
 from ..models.fetch import default_cache_dir
 from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 COMMAND = "python -m sgl_ridgefill.eval.results"
 CALIBRATION_TOKENS = 200_000
-RESIDUAL = "residual"  # the map kind of every maps folder written before kinds (manifest without map_kind)
-MAP_KINDS = (RESIDUAL, "normalised", "kv", "kv+context")
+RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written before kinds (manifest without map_kind)
+MAP_KINDS = tuple(kinds.MAP_KINDS)
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 
 
@@ -70,10 +71,12 @@ class Run:
         return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
                 [*cli, "fit", "--stats", str(stats), "--kind", self.map_kind, "--out", str(maps), "--force"]]
 
-    def eval_command(self, maps: pathlib.Path, out: pathlib.Path, *, report_only: bool = False) -> list[str]:
+    def eval_command(self, maps: pathlib.Path, out: pathlib.Path, *, report_only: bool = False,
+                     exact_from: tuple[pathlib.Path, ...] = ()) -> list[str]:
+        reuse = [a for folder in exact_from for a in ("--exact-from", str(folder))] if not report_only else []
         return [sys.executable, "-m", "sgl_ridgefill.cli", "eval", "--model", self.model, "--maps", str(maps),
                 "--split", str(self.split), "--tail", str(TAIL), "--lengths", ",".join(map(str, self.lengths)),
-                "--out", str(out), *self.extra, *(("--report-only",) if report_only else ())]
+                "--out", str(out), *self.extra, *reuse, *(("--report-only",) if report_only else ())]
 
 
 # The shallower splits run the four main arms and the splices only, on fewer prompts, to fit a 2-core CPU.
@@ -96,6 +99,7 @@ _QUALITY_DIAGNOSTICS = ("--preset", "quality",
                                          "ridgefill+needle-random",
                         "--loss-arms", "exact,identity,ridgefill,splice:keys")
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
+_SMOL_SPLITS = (15,)
 
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
 # (Llama family, 30 layers, 8K context); T = 1024. Then the split and map-kind comparison on the 0.5B.
@@ -114,7 +118,21 @@ RUNS = (
     Run("qwen2.5-0.5b-residual-s16-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 16, (4096,), _QUALITY, group=CHOOSE_SPLIT),
     *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY,
           map_kind=kind, group=CHOOSE_SPLIT) for kind in MAP_KINDS[1:]),
+    # SmolLM2-135M at half depth: the paper's map finds no filled-region needle there; the context kind against it.
+    Run("smollm2-135m-residual-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, group=CHOOSE_SPLIT),
+    Run("smollm2-135m-kv-context-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, map_kind="kv+context",
+        group=CHOOSE_SPLIT),
 )
+
+
+def exact_sources(run: Run, runs: tuple[Run, ...], runs_dir: pathlib.Path) -> tuple[pathlib.Path, ...]:
+    """The result folders made so far of ``run``'s group siblings on the same model: they share their prompts
+    and dtype, so the exact arm runs once per model and group (``sgl-ridgefill eval --exact-from``)."""
+    if not run.group:
+        return ()
+    return tuple(runs_dir / other.name for other in runs
+                 if other.group == run.group and other.model == run.model and other.name != run.name
+                 and (runs_dir / other.name / "results.jsonl").exists())
 
 
 def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT) -> list[PlannedRun]:
@@ -146,7 +164,8 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
     if not report_only and not (maps / "manifest.json").exists():
         for cmd in run.calibrate_commands(maps, runs_dir / "stats" / run.stats_name()):
             _sh(cmd)
-    _sh(run.eval_command(maps, out, report_only=report_only), ok=(0, _NO_CHECK) if report_only else (0,))
+    command = run.eval_command(maps, out, report_only=report_only, exact_from=exact_sources(run, RUNS, runs_dir))
+    _sh(command, ok=(0, _NO_CHECK) if report_only else (0,))
     target = docs / "results" / run.name
     target.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
@@ -181,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         for run in chosen:
             maps = args.runs_dir / "maps" / run.maps_name()
             stats = args.runs_dir / "stats" / run.stats_name()
+            command = run.eval_command(maps, args.runs_dir / run.name, exact_from=exact_sources(run, RUNS, args.runs_dir))
             print(f"# {run.name}\n" + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
-                  f"{shlex.join(run.eval_command(maps, args.runs_dir / run.name))}")
+                  f"{shlex.join(command)}")
         return 0
     if not args.render_only:
         for run in chosen:

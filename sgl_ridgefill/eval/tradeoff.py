@@ -102,6 +102,7 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         "split": f"{run.split}/{layers}" if isinstance(layers, int) else str(run.split),
         "n": (overall.get(EXACT) or overall.get(RIDGEFILL) or {}).get("n"), "retrieval": overall,
         "by_haystack": by_haystack, "vs_exact": vs_exact, "key_excess": key, "speed": speed, "speed_rows": speed_rows,
+        "fill_flops": meta.get("fill_flops_per_row"),
         "vs_reference": None if reference is None or reference is summary else
         cross_run_difference(summary, reference, run.length, RIDGEFILL, n_resamples=n_resamples),
     }
@@ -138,7 +139,8 @@ TEXT = (
     "the prefix rows (attention-selected) exactly. \"− exact\": the difference from exact on the same samples. "
     "\"vs reference\": RidgeFill minus RidgeFill of the model's first run below, paired by sample id and prompt "
     "across the two runs (n pairs). Key-token excess: RidgeFill's key-token loss minus exact's (nat, over "
-    "documents). Speed bound: 1/r with r = S/L + (1 − S/L)·T/N (with rows: T + "
+    "documents). Fill: what filling one row of one upper layer costs with the map kind, in MFLOP (map and, for "
+    "kinds that predict the layer input, its K/V projections). Speed bound: 1/r with r = S/L + (1 − S/L)·T/N (with rows: T + "
     f"{ROWS_SHARE} % of the prefix exact), counting only the layers skipped. –: not measured. Pick the cheapest "
     "split and kind whose retrieval is close enough to exact for the use; the plot draws the same trade-off."
 )
@@ -148,18 +150,18 @@ def tradeoff_table(rows: Sequence[Row]) -> str:
     pts, nat = signed(".1f"), signed(".2f")
     header = ("model", "map kind", "split", "tokens", "filled samples", "exact", "RidgeFill", "RidgeFill+rows",
               "RidgeFill − exact", "RidgeFill+rows − exact", "RidgeFill vs reference", "key-token excess (nat)",
-              "speed bound", "with rows")
+              "fill (MFLOP/row/layer)", "speed bound", "with rows")
     out = []
     for r in rows:
         if r["status"] == NOT_RUN:
-            out.append((r["model"], r["map_kind"], r["split"], r["length"], NOT_RUN, *([NA] * 9)))
+            out.append((r["model"], r["map_kind"], r["split"], r["length"], NOT_RUN, *([NA] * (len(header) - 5))))
             continue
         retrieval, vs_exact = r["retrieval"], r["vs_exact"]
         out.append((
             r["model"], r["map_kind"], r["split"], r["length"], NA if r["n"] is None else r["n"],
             *(_cell(retrieval.get(arm), "mean", score) for arm in ARMS),
             *(_cell(vs_exact.get(arm), "diff", pts) for arm in (RIDGEFILL, RIDGEFILL_ROWS)),
-            _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat),
+            _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat), _mflop(r.get("fill_flops")),
             _speed(r["speed"]), _speed(r["speed_rows"]),
         ))
     return table(header, out)
@@ -177,6 +179,10 @@ def _reference_cell(row: Row, fmt) -> str:
         return NA
     text = f"{ci(paired, 'diff', fmt)} (n = {paired['n']})"
     return text + (f", {paired['other_prompt']} with other prompts left out" if paired.get("other_prompt") else "")
+
+
+def _mflop(flops: float | None) -> str:
+    return NA if flops is None else f"{flops / 1e6:.2f}"
 
 
 def _speed(x: float | None) -> str:

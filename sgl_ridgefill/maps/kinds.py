@@ -49,6 +49,12 @@ class MapKind:
     def d_out(self, hidden: int, kv_dim: int) -> int:
         return 2 * kv_dim if self.predicts_kv else hidden
 
+    def fill_flops(self, hidden: int, kv_dim: int) -> int:
+        """What filling one row of one upper attention layer costs (2 FLOP per multiply-add): the map, and for
+        kinds that predict the layer's input, its K and V projections (the norm and RoPE are left out)."""
+        projections = 0 if self.predicts_kv else 2 * hidden * 2 * kv_dim
+        return 2 * self.d_in(hidden) * self.d_out(hidden, kv_dim) + projections
+
 
 MAP_KINDS: dict[str, MapKind] = {
     k.name: k

@@ -54,13 +54,17 @@ def test_the_split_comparison_renders_from_partial_results_with_runs_not_made_as
 
 def test_run_definitions_name_their_maps_kind_and_split():
     group = {r.name: r for r in results.RUNS if r.group == results.CHOOSE_SPLIT}
-    assert {(r.map_kind, r.split) for r in group.values()} == {
-        ("residual", 12), ("residual", 14), ("residual", 16), ("normalised", 12), ("kv", 12), ("kv+context", 12)}
-    residual = [r for r in group.values() if r.map_kind == "residual"]
+    assert {(r.model, r.map_kind, r.split) for r in group.values()} == {
+        ("qwen2.5-coder-0.5b", kind, split) for kind, split in (
+            ("residual", 12), ("residual", 14), ("residual", 16), ("normalised", 12), ("kv", 12), ("kv+context", 12))
+    } | {("smollm2-135m", "residual", 15), ("smollm2-135m", "kv+context", 15)}
+    assert next(iter(group)).startswith("qwen2.5-0.5b-residual-s12")  # the reference runs first
+    residual = [r for r in group.values() if r.map_kind == "residual" and r.model == "qwen2.5-coder-0.5b"]
     assert {r.maps_name() for r in residual} == {"qwen2.5-coder-0.5b-s12-14-16-200k"}  # one calibration pass
     kv = group["qwen2.5-0.5b-kv-context-s12-q"]
     assert kv.maps_name() == "qwen2.5-coder-0.5b-kv-context-s12-14-16-200k"
-    assert {r.stats_name() for r in group.values()} == {"qwen2.5-coder-0.5b-s12-14-16-200k"}  # one statistics pass
+    assert {r.stats_name() for r in group.values()} == {  # one statistics pass per model
+        "qwen2.5-coder-0.5b-s12-14-16-200k", "smollm2-135m-s15-200k"}
     maps, stats = results.pathlib.Path("/m"), results.pathlib.Path("/s")
     collect, fit = kv.calibrate_commands(maps, stats)
     assert collect[4:] == ["stats", "--model", "qwen2.5-coder-0.5b", "--corpus", "builtin", "--splits", "12,14,16",
@@ -81,7 +85,27 @@ def test_run_definitions_name_their_maps_kind_and_split():
 def test_list_prints_each_runs_commands(tmp_path, capsys):
     assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sgl_ridgefill.cli calibrate stats") == 6 and out.count("sgl_ridgefill.cli calibrate fit") == 6
-    assert out.count("--preset quality") == 6
+    assert out.count("sgl_ridgefill.cli calibrate stats") == 8 and out.count("sgl_ridgefill.cli calibrate fit") == 8
+    assert out.count("--preset quality") == 8
     assert "--splits 12,14,16" in out and "fit --stats" in out and "--kind kv+context" in out
     assert not (tmp_path / "maps").exists()
+
+
+def test_a_group_run_reuses_the_exact_arm_of_the_siblings_made_so_far(tmp_path, capsys):
+    group = [r for r in results.RUNS if r.group == results.CHOOSE_SPLIT]
+    first, second = group[0], group[1]
+    assert results.exact_sources(first, results.RUNS, tmp_path) == ()
+    (tmp_path / second.name).mkdir()
+    (tmp_path / second.name / "results.jsonl").write_text("")
+    assert results.exact_sources(first, results.RUNS, tmp_path) == (tmp_path / second.name,)
+    assert results.exact_sources(second, results.RUNS, tmp_path) == ()  # never itself
+    outside = next(r for r in results.RUNS if not r.group)
+    assert results.exact_sources(outside, results.RUNS, tmp_path) == ()
+    other_model = next(r for r in group if r.model != first.model)
+    assert results.exact_sources(other_model, results.RUNS, tmp_path) == ()
+    command = first.eval_command(tmp_path / "m", tmp_path / first.name, exact_from=(tmp_path / second.name,))
+    assert command[-2:] == ["--exact-from", str(tmp_path / second.name)]
+    assert "--exact-from" not in first.eval_command(tmp_path / "m", tmp_path / first.name, report_only=True,
+                                                    exact_from=(tmp_path / second.name,))
+    assert results.main(["--runs-dir", str(tmp_path), "--only", first.name, "--list"]) == 0
+    assert f"--exact-from {tmp_path / second.name}" in capsys.readouterr().out

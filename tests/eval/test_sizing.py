@@ -101,3 +101,13 @@ def test_resuming_refuses_other_maps_kinds_and_depth_grids(tmp_path):
     assert changed_settings(old, settings) == []
     assert changed_settings(old, {**settings, "map_kind": "kv"}) == ["map_kind: 'residual' -> 'kv'"]
     assert changed_settings({**settings, "depths": 5}, settings) == ["depths: 5 -> 10"]
+
+
+def test_a_run_records_what_its_map_kind_costs_per_filled_row():
+    from sgl_ridgefill.eval.cli import _fill_flops
+
+    qwen = {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "intermediate_size": 4864, "vocab_size": 151936}
+    assert (_fill_flops("residual", qwen), _fill_flops("kv+context", qwen)) == (2_064_384, 1_376_256)
+    with pytest.raises(ValueError, match="unknown map kind 'linear'"):
+        _fill_flops("linear", qwen)

@@ -25,9 +25,11 @@ def test_speed_bound():
         speed_bound(25, 24, 1024, 4096)
 
 
-def _meta(split, kind=None):
+def _meta(split, kind=None, fill_flops=None):
     meta = {"kind": "meta", "model": "qwen", "split": split, "tail": 1024, "num_layers": 24, "rows_fraction": 0.1,
             "lengths": [4096], "preset": "quality"}
+    if fill_flops is not None:  # recorded by runs since the fill cost column
+        meta["fill_flops_per_row"] = fill_flops
     return meta if kind is None else {**meta, "map_kind": kind}
 
 
@@ -54,7 +56,7 @@ def runs(tmp_path):
     kv = {"exact": [100] * 8, "ridgefill": [100] * 8}
     _write(tmp_path / "r12", [_meta(12), *_needles(ref)])  # a run written before map kinds: residual
     _write(tmp_path / "r14", [_meta(14, "residual"), *_needles(s14)])
-    _write(tmp_path / "kv12", [_meta(12, "kv"), *_needles(kv, sha=lambda i: "other" if i < 2 else f"p{i}")])
+    _write(tmp_path / "kv12", [_meta(12, "kv", 458_752), *_needles(kv, sha=lambda i: "other" if i < 2 else f"p{i}")])
     return [PlannedRun("r12", "qwen", "residual", 12, 4096, tmp_path / "r12"),
             PlannedRun("r14", "qwen", "residual", 14, 4096, tmp_path / "r14"),
             PlannedRun("n12", "qwen", "normalised", 12, 4096, tmp_path / "n12"),
@@ -97,10 +99,10 @@ def test_results_md_table_plot_and_not_run_rows(tmp_path, runs):
     lines = {line.split(" | ")[1] + "@" + line.split(" | ")[2]: line for line in main.splitlines()
              if line.startswith("| qwen |")}
     assert lines["residual@12/24"].startswith("| qwen | residual | 12/24 | 4096 | 8 | 100.0 [100.0, 100.0] | 37.5 [")
-    assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | 1.60× | 1.51× |" in lines["residual@12/24"]
+    assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | – | 1.60× | 1.51× |" in lines["residual@12/24"]
     assert "| +37.5 [" in lines["residual@14/24"] and "(n = 8) |" in lines["residual@14/24"]
-    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | not run | – | – | – | – | – | – | – | – | – |"
-    assert "(n = 6), 2 with other prompts left out |" in lines["kv@12/24"]
+    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | not run | – | – | – | – | – | – | – | – | – | – |"
+    assert "(n = 6), 2 with other prompts left out | – | 0.46 | 1.60× |" in lines["kv@12/24"]
     assert "| qwen | residual | 12/24 | 4096 | text | 4 | 100.0 [100.0, 100.0] | 75.0 [" in per_haystack
     assert f"]({TRADEOFF_PNG})" in section and (out.parent / TRADEOFF_PNG).stat().st_size > 1000
     # No comparison: no section, no plot left behind.
