@@ -85,6 +85,22 @@ def test_report_and_resume(run):
     assert "check passed" in first.stdout
 
 
+def test_another_run_reuses_the_exact_arm_and_sends_only_the_others(run, tiny_models, tmp_path):
+    out, records, _, _ = run
+    done = _eval(tiny_models("qwen2"), tmp_path, "--exact-from", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    theirs = [r for r in records if r.get("arm") in ("exact", "cut")]
+    assert f"--exact-from: reused {sum(r['kind'] == 'needle' for r in theirs)} needle and 2 loss record(s)" in done.stdout
+    ours = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    copied = [r for r in ours if r.get("copied_from")]
+    assert {(r["kind"], r.get("sample") or r.get("doc"), r["arm"]) for r in copied} == {
+        (r["kind"], r.get("sample") or r.get("doc"), r["arm"]) for r in theirs}
+    assert all(r["copied_from"] == str(out) for r in copied)
+    sent = sum(r["kind"] in ("needle", "loss") for r in records) - len(theirs)  # every other arm, once each
+    assert f"{sent} request(s) in" in done.stdout, done.stdout[-2000:]
+    assert ours[0]["fill_flops_per_row"] > 0
+
+
 @pytest.fixture(scope="module")
 def engine_run(tiny_models, tmp_path_factory, run):
     model = tiny_models("qwen2")
