@@ -12,8 +12,9 @@ publication and cache release (the request's state lives on SGLang's ``Req``); t
 radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
 summaries; the weight-update guard; and, on a PD prefill worker, the held-back KV sends, the descriptor in
 the metadata and the decode worker's prefix. Each hook's docstring says what SGLang does there, what
-RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks that
-every hook took effect and stops the process (a ``SystemExit`` is not swallowed) when one did not.
+RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks, once
+SGLang has applied every plugin's hooks (:func:`verify_after_apply`), that each took effect and stops the
+process (a ``SystemExit`` is not swallowed) when one did not.
 """
 
 from __future__ import annotations
@@ -568,11 +569,30 @@ def missing_hooks(targets: tuple[str, ...]) -> list[str]:
     return missing
 
 
-def verify_hooks(targets: tuple[str, ...]) -> None:
-    """Stop this process when a required hook did not take effect (SGLang would otherwise start without it)."""
+def verify_after_apply(targets: tuple[str, ...]) -> None:
+    """Run :func:`verify_hooks` on ``targets`` right after SGLang's next ``HookRegistry.apply_hooks()``.
+
+    SGLang's plugin loader runs every plugin's ``register`` and then applies all registered hooks at once;
+    ``apply_hooks`` skips targets already patched. Applying RidgeFill's hooks from its own ``register`` (to
+    verify them there) would therefore drop the hooks that a plugin loaded later puts on the same targets.
+    Instead the class attribute ``apply_hooks`` is wrapped for one call: the loader's own call applies every
+    plugin's hooks, restores the original and then verifies (a ``SystemExit`` leaves the loader, which
+    catches only ``Exception``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    HookRegistry.apply_hooks()
+    original = HookRegistry.__dict__["apply_hooks"]
+
+    def apply_then_verify(cls) -> None:
+        HookRegistry.apply_hooks = original
+        original.__func__(cls)
+        verify_hooks(targets)
+
+    HookRegistry.apply_hooks = classmethod(apply_then_verify)
+
+
+def verify_hooks(targets: tuple[str, ...]) -> None:
+    """Stop this process when a required hook did not take effect (SGLang would otherwise start without it);
+    call it after SGLang has applied the hooks (:func:`verify_after_apply`)."""
     missing = missing_hooks(targets)
     if missing:
         msg = (

@@ -2,7 +2,8 @@
 
 Checks in order: the SGLang version is the pinned one (``compat.py``), then registers the always-on hooks
 (flags, attention backend, request checks) and, when ``--prefill-backend ridgefill`` is on in this
-process's environment, the runtime hooks, which are verified before the process goes on.
+process's environment, the runtime hooks, which are verified once SGLang has applied every plugin's hooks
+(before the process goes on).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def register() -> None:
             raise SystemExit(str(e)) from None  # SGLang swallows exceptions; SystemExit stops the process
         logger.warning("%s (RidgeFill stays off)", e)
         return
-    from .patches import register_hooks, verify_hooks
+    from .patches import register_hooks, verify_after_apply
 
     targets = register_hooks(enabled)
     if enabled:
-        verify_hooks(targets)
+        verify_after_apply(targets)

@@ -53,7 +53,10 @@ def test_system_exit_escapes_sglang_plugin_loader(cpu_sglang, monkeypatch):
 def test_enabled_hooks_apply(cpu_sglang):
     from sgl_ridgefill import patches
 
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
     targets = patches.register_hooks(True)
+    HookRegistry.apply_hooks()
     patches.verify_hooks(targets)
     assert patches.missing_hooks(targets) == []
 
@@ -125,3 +128,53 @@ def test_a_weight_update_turns_ridgefill_off():
         assert decision.plan is None and "weights were updated" in decision.reason
     finally:
         set_runtime(previous)
+
+
+def test_a_plugin_loaded_after_ridgefill_keeps_its_hooks_on_the_same_targets():
+    """S4: RidgeFill's hooks are verified after SGLang has applied every plugin's hooks, not applied early by
+    RidgeFill's ``register()``, which made SGLang skip another plugin's later hooks on the same targets. And a
+    missing hook still stops the process."""
+    import subprocess
+    import sys
+
+    from sgl_ridgefill import envs
+    from sgl_ridgefill.cpu.environment import cpu_environment
+
+    code = (
+        "from sgl_ridgefill.cpu.environment import apply_cpu_environment\n"
+        "apply_cpu_environment()\n"
+        "import inspect, pkgutil, sys\n"
+        "import sglang.srt.plugins as plugins\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry, HookType\n"
+        "from sgl_ridgefill import patches, plugin\n"
+        "def other():\n"
+        "    HookRegistry.register(patches.CREATE_REQ, lambda original, *a, **k: original(*a, **k), HookType.AROUND)\n"
+        "if sys.argv[1] == 'missing':  # one of RidgeFill's targets that SGLang cannot patch\n"
+        "    register_hooks, bad = patches.register_hooks, 'sglang.srt.managers.scheduler.Scheduler.no_such_method'\n"
+        "    def with_a_bad_target(enabled):\n"
+        "        HookRegistry.register(bad, lambda original, *a, **k: original(*a, **k), HookType.AROUND)\n"
+        "        return register_hooks(enabled) + (bad,)\n"
+        "    patches.register_hooks = with_a_bad_target\n"
+        "plugins.load_plugins_by_group = lambda *a, **k: {'ridgefill': (plugin.register, 'sgl-ridgefill'),\n"
+        "                                                 'other': (other, 'other')}\n"
+        "plugins.load_plugins()\n"
+        "owner, attr = patches.CREATE_REQ.rsplit('.', 1)\n"
+        "fn = inspect.getattr_static(pkgutil.resolve_name(owner), attr)\n"
+        "wrappers = 0\n"
+        "while getattr(fn, '__wrapped__', None) is not None:\n"
+        "    fn, wrappers = fn.__wrapped__, wrappers + 1\n"
+        "print('missing', patches.missing_hooks(patches.ENABLED_TARGETS))\n"
+        "print('wrappers', wrappers)\n"
+    )
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    env[envs.PREFILL_BACKEND] = "ridgefill"
+    run = lambda case: subprocess.run([sys.executable, "-c", code, case], env=env, capture_output=True,  # noqa: E731
+                                      text=True, timeout=300)
+    proc = run("both")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-2] == "missing []"
+    assert lines[-1] == "wrappers 2", proc.stdout  # RidgeFill's AROUND and the other plugin's, both applied
+    proc = run("missing")
+    assert proc.returncode != 0 and "did not take effect: sglang.srt.managers.scheduler.Scheduler.no_such_method" in (
+        proc.stderr + proc.stdout)
