@@ -277,8 +277,10 @@ def ridgefill_prefill_flops(dims: ModelDims, shape: RidgeFillShape, *, selector_
     # (prefix + 1) / 2 keys.
     exact_pairs = shape.exact_rows * (shape.prefix + 1) / 2
     upper_pairs = causal_pairs(shape.prefix, shape.tail_rows) + exact_pairs
+    from ..maps.kinds import map_kind  # the fill of the paper's map: the map, then the layer's K/V projections
+
     map_flops = 2 * dims.hidden_size * dims.hidden_size
-    fill_per_row = {ATTENTION: map_flops + 2 * dims.hidden_size * 2 * dims.kv_size}
+    fill_per_row = {ATTENTION: float(map_kind(None).fill_flops(dims.hidden_size, dims.kv_size))}
     if GDN in upper:
         fill_per_row[GDN] = map_flops + dims.gdn_fill_flops
     return FlopCount(

@@ -181,6 +181,13 @@ def _restores_both(arm: str) -> bool:
     return parts is not None and parts[0] == "both"
 
 
+def record_doc(store: ResultStore, doc) -> None:
+    """The document's token ids, once per run: what its loss records are scores of."""
+    length = len(doc.prompt_ids)
+    if not store.has(kind="doc", length=length, doc=doc.id):
+        store.add({"kind": "doc", "length": length, "doc": doc.id, "source": doc.source, "prompt_ids": list(doc.prompt_ids)})
+
+
 exact_scores: dict[tuple[int, str], Any] = {}  # (length, doc) -> the exact arm's logprobs, this process
 
 
@@ -190,8 +197,7 @@ def run_loss(client: Client, store: ResultStore, doc, arm: str, plan: EvalPlan) 
     from .metrics import TokenScores
 
     length = len(doc.prompt_ids)
-    if not store.has(kind="doc", length=length, doc=doc.id):
-        store.add({"kind": "doc", "length": length, "doc": doc.id, "source": doc.source, "prompt_ids": list(doc.prompt_ids)})
+    record_doc(store, doc)
     boundary = length - plan.tail
     ids, start = doc.prompt_ids, boundary
     if arm == A.CUT:  # the tail alone, after the document's BOS when it has one (the attention sink)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from . import arms as A
 from .analysis import load_records
-from .runner import EvalPlan, ResultStore, exact_scores, prompt_sha
+from .runner import EvalPlan, ResultStore, exact_scores, prompt_sha, record_doc
 
 _SAME_SERVER = ("model_path", "dtype")  # meta settings the exact arm's answers depend on
 
@@ -58,9 +58,7 @@ def import_exact(store: ResultStore, sources: Iterable[pathlib.Path], meta: Mapp
                 doc = wanted_docs.get((rec.get("length"), rec.get("doc")))
                 if doc is None or doc_ids.get((rec["length"], rec["doc"])) != tuple(doc.prompt_ids) or store.has(**rec):
                     continue
-                if not store.has(kind="doc", length=rec["length"], doc=doc.id):
-                    store.add({"kind": "doc", "length": rec["length"], "doc": doc.id, "source": doc.source,
-                               "prompt_ids": list(doc.prompt_ids)})
+                record_doc(store, doc)
                 store.add({**rec, "copied_from": str(source)})
                 if rec["arm"] == A.EXACT:  # the runner's did-it-fill check compares other arms with it
                     exact_scores[(rec["length"], doc.id)] = TokenScores.from_json(rec["scores"]).logprobs

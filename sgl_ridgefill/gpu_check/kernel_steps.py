@@ -18,6 +18,7 @@ from sgl_ridgefill.kernels.attention_stats import attention_received, attention_
 from sgl_ridgefill.kernels.choose import TOLERANCE, fastest_map_backend
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8, apply_map_reference
 from sgl_ridgefill.kernels.quant import dequantize_int8_groupwise, quantize_int8_groupwise
+from sgl_ridgefill.maps.kinds import map_kind
 
 from .check import Context, ModelShape, Row
 
@@ -127,7 +128,7 @@ def fill(ctx: Context) -> Iterator[Row]:
         layer_ms = _exact_layer_linear_ms(ctx, model, x)
         dims = ModelDims(num_layers=1, hidden_size=d, num_heads=model.heads, num_kv_heads=model.kv_heads,
                          head_dim=model.head_dim, intermediate_size=model.ffn, vocab_size=2)
-        fill_flops = 2 * d * d + 2 * d * 2 * kv
+        fill_flops = map_kind(None).fill_flops(d, kv)  # the residual map, then K/V
         per_row = 1e6 / rows  # ms over rows -> ns per row
         yield {
             "model": model.name, "rows": rows, "map_backend": backend,
