@@ -178,12 +178,14 @@ class ModelDims:
 
 @dataclasses.dataclass(frozen=True)
 class RidgeFillShape:
-    """One prefill: ``num_tokens`` prompt rows, split layer ``split``, tail ``tail``, ``exact_rows`` selected."""
+    """One prefill: ``num_tokens`` prompt rows, split layer ``split``, tail ``tail``, ``exact_rows`` selected,
+    filled with maps of kind ``map_kind`` (``maps/kinds.py``; ``None``: the paper's residual map)."""
 
     num_tokens: int
     split: int
     tail: int
     exact_rows: int = 0
+    map_kind: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_tokens", "split", "tail"):
@@ -277,10 +279,10 @@ def ridgefill_prefill_flops(dims: ModelDims, shape: RidgeFillShape, *, selector_
     # (prefix + 1) / 2 keys.
     exact_pairs = shape.exact_rows * (shape.prefix + 1) / 2
     upper_pairs = causal_pairs(shape.prefix, shape.tail_rows) + exact_pairs
-    from ..maps.kinds import map_kind  # the fill of the paper's map: the map, then the layer's K/V projections
+    from ..maps.kinds import map_kind  # the map, then (kinds that predict the layer's input) its K/V projections
 
-    map_flops = 2 * dims.hidden_size * dims.hidden_size
-    fill_per_row = {ATTENTION: float(map_kind(None).fill_flops(dims.hidden_size, dims.kv_size))}
+    map_flops = 2 * dims.hidden_size * dims.hidden_size  # a GDN layer takes the residual map's prediction
+    fill_per_row = {ATTENTION: float(map_kind(shape.map_kind).fill_flops(dims.hidden_size, dims.kv_size))}
     if GDN in upper:
         fill_per_row[GDN] = map_flops + dims.gdn_fill_flops
     return FlopCount(

@@ -113,6 +113,16 @@ def resolve_dims(model_path: pathlib.Path | None, server_info: dict[str, Any]) -
     )
 
 
+def resolve_map_kind(maps: pathlib.Path | None) -> str | None:
+    """The kind of the maps in ``maps`` (its manifest's ``map_kind``; ``None``, the residual map, without one)."""
+    if maps is None:
+        return None
+    value = _read_json(maps / MAPS_MANIFEST, "--ridgefill-maps").get("map_kind")
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"--ridgefill-maps: {maps / MAPS_MANIFEST} has a map_kind that is not a string: {value!r}")
+    return value
+
+
 def resolve_split(split: int | None, maps: pathlib.Path | None) -> int:
     if split is not None:
         return split
@@ -181,7 +191,7 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
             lengths=tuple(args.lengths), vocab_size=dims.vocab_size, pairs=args.pairs,
             split=resolve_split(args.split, args.ridgefill_maps), tail=args.tail,
             exact_fraction=args.exact_fraction, rf_params=args.rf_params, seed=args.seed,
-            warmup=args.warmup, flush=args.flush, stream=args.stream,
+            warmup=args.warmup, flush=args.flush, stream=args.stream, map_kind=resolve_map_kind(args.ridgefill_maps),
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent

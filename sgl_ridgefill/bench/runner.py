@@ -42,7 +42,7 @@ class CpuProbe(Protocol):
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
     (``{}``: the server's settings); ``split``/``tail``/``exact_fraction`` only feed the bounds, unless
-    ``rf_params`` sets ``split``/``tail``, which then win."""
+    ``rf_params`` sets ``split``/``tail``, which then win; ``map_kind`` (the maps' kind) prices the fill."""
 
     lengths: tuple[int, ...]
     vocab_size: int
@@ -55,6 +55,7 @@ class BenchConfig:
     warmup: int = 1
     flush: bool = True
     stream: bool = False
+    map_kind: str | None = None
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -84,7 +85,8 @@ class BenchConfig:
     def shape(self, length: int) -> RidgeFillShape:
         tail = min(self.bound_tail, length)
         exact = int(round(self.exact_fraction * (length - tail)))
-        return RidgeFillShape(num_tokens=length, split=self.bound_split, tail=self.bound_tail, exact_rows=exact)
+        return RidgeFillShape(num_tokens=length, split=self.bound_split, tail=self.bound_tail, exact_rows=exact,
+                              map_kind=self.map_kind)
 
     def arm_params(self, arm: str) -> dict[str, Any]:
         return EXACT_PARAMS if arm == EXACT else {"ridgefill": dict(self.rf_params)}

@@ -54,11 +54,12 @@ def rows_policy_text(split: int, tail: int, share: int = ROWS_SHARE) -> str:
     )
 
 
-def longtail_tail(config: Mapping[str, Any], length: int, split: int, tail: int) -> int:
-    """The tail at which the no-fill arm costs what RidgeFill costs at ``tail`` (FLOP count, bench/bounds.py):
-    the fill's multiply-adds spent on more exact tail rows instead."""
+def longtail_tail(config: Mapping[str, Any], length: int, split: int, tail: int, map_kind: str | None = None) -> int:
+    """The tail at which the no-fill arm costs what RidgeFill costs at ``tail`` with maps of ``map_kind`` (FLOP
+    count, bench/bounds.py): the fill's multiply-adds spent on more exact tail rows instead."""
     dims = ModelDims.from_hf_config(config)
-    target = ridgefill_prefill_flops(dims, RidgeFillShape(num_tokens=length, split=split, tail=tail)).total
+    shape = RidgeFillShape(num_tokens=length, split=split, tail=tail, map_kind=map_kind)
+    target = ridgefill_prefill_flops(dims, shape).total
     lo, hi = tail, length
     while lo < hi:  # the no-fill cost grows with the tail; the smallest tail whose cost reaches the target
         mid = (lo + hi) // 2

@@ -222,13 +222,6 @@ _SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fractio
 _SETTINGS_BEFORE = {"map_kind": "residual"}
 
 
-def map_kind(maps_dir: pathlib.Path) -> str:
-    """The kind of map a maps folder holds (its manifest's ``map_kind``; folders written before map kinds
-    hold ``residual`` maps)."""
-    manifest = json.loads((pathlib.Path(maps_dir) / "manifest.json").read_text())
-    return str(manifest.get("map_kind") or "residual")
-
-
 def _fill_flops(kind: str, config: dict) -> int:
     """What filling one row of one upper attention layer costs with ``kind`` maps on this model (FLOP)."""
     from ..bench.bounds import ModelDims
@@ -287,6 +280,7 @@ def _run(args: argparse.Namespace) -> int:
 
     maps = load_maps(args.maps)
     split = args.split or maps.default_split
+    kind = maps.kind.name  # folders written before map kinds hold residual maps
     if split not in maps.splits:
         raise SystemExit(f"sgl-ridgefill eval: --split {split}: the maps folder has splits {list(maps.splits)}")
     tasks = TASKS if args.tasks == "all" else tuple(t.strip() for t in args.tasks.split(","))
@@ -301,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
     _check_lengths(args.lengths, args.tail, config, tasks)
     plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
-                    longtail={n: A.longtail_tail(config, n, split, args.tail) for n in args.lengths})
+                    longtail={n: A.longtail_tail(config, n, split, args.tail, kind) for n in args.lengths})
     policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"
     policy_file.write_text(A.rows_policy_text(split, args.tail))
 
@@ -320,7 +314,6 @@ def _run(args: argparse.Namespace) -> int:
         print(warning, flush=True)
 
     store = ResultStore(results)
-    kind = map_kind(args.maps)
     settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
                 "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100, "map_kind": kind,
                 "depths": args.depths}

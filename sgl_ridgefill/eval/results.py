@@ -90,8 +90,9 @@ _LONG_16K = ("--depths", "1", "--docs", "1", "--needle-arms", "exact,nofill,iden
 TAIL = 1024
 
 # Choosing the split and the map kind (QUALITY_NOTES: eval sizing, D1-D3): 96 filled-region samples per run,
-# paired across runs by sample. The reference (residual maps at split 12) also runs the needle-row oracle, the
-# random-rows control and the per-layer key splices (13-17, 18-23); the others the headline arms.
+# paired across runs by sample. The reference (residual maps at split 12) and the best kind there (kv+context)
+# also run the needle-row oracle, the random-rows control and the per-layer key splices (13-17, 18-23); the
+# others the headline arms.
 _QUALITY = ("--preset", "quality", "--needle-arms", "exact,ridgefill,ridgefill+rows",
             "--loss-arms", "exact,ridgefill,splice:keys")
 _QUALITY_DIAGNOSTICS = ("--preset", "quality",
@@ -116,8 +117,9 @@ RUNS = (
         group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-residual-s14-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 14, (4096,), _QUALITY, group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-residual-s16-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 16, (4096,), _QUALITY, group=CHOOSE_SPLIT),
-    *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY,
-          map_kind=kind, group=CHOOSE_SPLIT) for kind in MAP_KINDS[1:]),
+    *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,),
+          _QUALITY_DIAGNOSTICS if kind == "kv+context" else _QUALITY, map_kind=kind, group=CHOOSE_SPLIT)
+      for kind in MAP_KINDS[1:]),
     # SmolLM2-135M at half depth: the paper's map finds no filled-region needle there; the context kind against it.
     Run("smollm2-135m-residual-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, group=CHOOSE_SPLIT),
     Run("smollm2-135m-kv-context-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, map_kind="kv+context",

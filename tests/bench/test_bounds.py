@@ -85,6 +85,17 @@ def test_flops_toy_ridgefill():
     assert flop_bound(TOY, RidgeFillShape(4, 1, 1)) == pytest.approx(2704 / 1936)
 
 
+def test_fill_priced_by_map_kind():
+    # TOY: d 4, K/V 2*2. kv: u (4) -> K,V (4) = 32; kv+context: [u, u_prev, mean] (12) -> K,V (4) = 96;
+    # normalised: the residual's map and projections = 64.
+    fill = {kind: ridgefill_prefill_flops(TOY, RidgeFillShape(4, 1, 1, map_kind=kind)).fill
+            for kind in (None, "residual", "normalised", "kv", "kv+context")}
+    assert fill == {None: 192, "residual": 192, "normalised": 192, "kv": 3 * 32, "kv+context": 3 * 96}
+    assert flop_bound(TOY, RidgeFillShape(4, 1, 1, map_kind="kv")) == pytest.approx(2704 / (1936 - 192 + 96))
+    with pytest.raises(ValueError, match="unknown map kind 'linear'"):
+        ridgefill_prefill_flops(TOY, RidgeFillShape(4, 1, 1, map_kind="linear"))
+
+
 def test_flops_toy_exact_rows_and_selector():
     # N=8, S=1, T=2, E=2: prefix 6, filled 4; exact rows at the prefix's mean see (6 + 1)/2 = 3.5 keys each.
     f = ridgefill_prefill_flops(TOY, RidgeFillShape(8, 1, 2, exact_rows=2), selector_flops=100.0)

@@ -154,6 +154,15 @@ def test_cli_split_from_maps_manifest(model_dir, tmp_path):
     report = json.loads((out / "bench.json").read_text())
     # r = 6/24 + 18/24 * 32/64 = 0.625.
     assert report["summary"][0]["layer_bound"] == pytest.approx(1 / 0.625)
+    assert report["config"]["map_kind"] is None  # no kind in the manifest: the residual map prices the fill
+    (maps / "manifest.json").write_text(json.dumps({"default_split": 6, "map_kind": "kv"}))
+    with FakeServer(str(model_dir), exact_s=0.0, ridgefill_s=0.0) as fake:
+        args = _parse(["--url", fake.url, "--lengths", "64", "--pairs", "1", "--warmup", "0", "--tail", "32",
+                       "--ridgefill-maps", str(maps), "--out", str(out)])
+        assert args.func(args) == 0
+    kv = json.loads((out / "bench.json").read_text())
+    assert kv["config"]["map_kind"] == "kv"
+    assert kv["summary"][0]["flop_bound"] > report["summary"][0]["flop_bound"]  # the kv map fills for less
 
 
 def test_manifest_name_matches_the_maps_format():

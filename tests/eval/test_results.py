@@ -74,6 +74,8 @@ def test_run_definitions_name_their_maps_kind_and_split():
     (one,) = old_run.calibrate_commands(maps, stats)
     assert "--kind" not in one and "--kinds" not in one and one[-3:] == ["--out", "/m", "--force"]
     assert all("--preset" in r.extra and "quality" in r.extra for r in group.values())
+    oracle = {name for name, r in group.items() if "ridgefill+needle-rows" in r.extra[r.extra.index("--needle-arms") + 1]}
+    assert oracle == {"qwen2.5-0.5b-residual-s12-q", "qwen2.5-0.5b-kv-context-s12-q"}  # the reference and the best kind
     import pytest
 
     with pytest.raises(ValueError, match="map kind 'linear' is not one of"):

@@ -106,6 +106,7 @@ def test_longtail_costs_what_the_fill_costs():
         at = ridgefill_prefill_flops(dims, RidgeFillShape(num_tokens=length, split=12, tail=t))
         below = ridgefill_prefill_flops(dims, RidgeFillShape(num_tokens=length, split=12, tail=t - 1))
         assert 1024 < t < length and at.total - at.fill >= target > below.total - below.fill
+        assert 1024 < A.longtail_tail(QWEN, length, 12, 1024, "kv") < t  # a cheaper fill buys a shorter tail
 
 
 def test_store_resumes_and_drops_a_partial_last_record(tmp_path):

@@ -53,6 +53,10 @@ def test_bf16_round_trip(tmp_path):
     assert manifest["calibration"]["longest_document_tokens"] == 512
     assert set(manifest["files"]) == {"maps-split1.safetensors", "maps-split2.safetensors", "token_counts.safetensors"}
     assert manifest["token_counts"]["total"] == sum(range(VOCAB))
+    assert manifest["map_kind"] == folder.kind.name == "residual"
+    manifest.pop("map_kind")
+    (tmp_path / "maps" / "manifest.json").write_text(json.dumps(manifest))
+    assert load_maps(tmp_path / "maps").kind.name == "residual"  # a folder written before map kinds
 
 
 def test_int8_round_trip_and_error_bound(tmp_path):
