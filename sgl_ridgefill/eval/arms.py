@@ -42,16 +42,36 @@ ROWS_SHARE = 10  # percent of the prefix the rows arms select (SPEC.md, the refe
 ROWS_POLICY = "eval-rows"
 
 
-def rows_policy_text(split: int, tail: int, share: int = ROWS_SHARE) -> str:
-    """The server policy of an evaluation: attention top-k rows from the last 64 prompt tokens, summed over
+def default_rows_select(split: int, share: int = ROWS_SHARE) -> str:
+    """The reference "+ rows" selection: attention top-k rows from the last 64 prompt tokens, summed over
     layers 3, 7, 11 and 15 where they lie below the split (the reference studies' choice), else layer S-1."""
     layers = [layer for layer in (3, 7, 11, 15) if layer < split] or [split - 1]
+    return f"attention_topk(q=64, share={share}%, layers=[{', '.join(map(str, layers))}])"
+
+
+def rows_policy_text(split: int, tail: int, select: str | None = None) -> str:
+    """The server policy of an evaluation: ``select`` (the body of a ``.rfpolicy`` ``select`` statement, its
+    clauses included), by default :func:`default_rows_select`."""
+    what = f"{ROWS_SHARE} % of the prefix by attention" if select is None else "--rows-select"
     return (
-        f"# Written by sgl-ridgefill eval: the \"+ rows\" arms ({share} % of the prefix by attention).\n"
+        f"# Written by sgl-ridgefill eval: the \"+ rows\" arms ({what}).\n"
         f'policy "{ROWS_POLICY}" {{\n  arm ridgefill\n  split {split}\n  tail {tail}\n'
-        f"  select attention_topk(q=64, share={share}%, layers=[{', '.join(map(str, layers))}])\n"
+        f"  select {select or default_rows_select(split)}\n"
         f"  cache no_insert\n}}\n"
     )
+
+
+def check_rows_select(select: str, split: int) -> None:
+    """``ValueError`` naming the problem when ``select`` does not make a rows policy at ``split``: it must parse
+    and compile as the body of a ``select`` statement and pick rows (the server checks it against the model)."""
+    from ..policy import PolicyError, compile_policy, parse_policy
+
+    try:
+        policy = compile_policy(parse_policy(rows_policy_text(split, 1, select), "--rows-select"))
+    except PolicyError as e:
+        raise ValueError(f"--rows-select {select!r} is not a selection this model can run:\n{e}") from None
+    if not policy.has_selection():
+        raise ValueError(f"--rows-select {select!r} selects no rows")
 
 
 def longtail_tail(config: Mapping[str, Any], length: int, split: int, tail: int, map_kind: str | None = None) -> int:

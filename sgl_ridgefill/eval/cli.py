@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shlex
 import sys
 import time
 
@@ -69,6 +70,11 @@ def add_subparser(subparsers) -> None:
                    help="upper-layer ranges FIRST-LAST,... of the per-layer splices splice:keys@FIRST-LAST, run beside "
                         "splice:keys (default auto: the filled upper layers in two halves, 13-17,18-23 at split 12 of "
                         "24; none: no per-layer splice)")
+    p.add_argument("--rows-select", default=None, metavar="SELECTION",
+                   help="what the \"+ rows\" arms compute exactly: the body of a .rfpolicy select statement, clauses "
+                        "included, e.g. 'attention_topk(q=64, share=10%%, layers=[3, 7, 11]) budget 10%% reserve "
+                        "lexical_net(min_shared=3) up to 2%%' (default: 10%% of the prefix by attention from the "
+                        "last 64 tokens in layers 3, 7, 11, 15 below the split)")
     p.add_argument("--exact-from", type=pathlib.Path, action="append", default=[], metavar="DIR",
                    help="reuse the exact arm's records of another run folder on the same prompts, model and dtype "
                         "(the exact arm does not depend on the maps or the split); repeatable")
@@ -217,9 +223,9 @@ def _check_lengths(lengths: tuple[int, ...], tail: int, config: dict, tasks: tup
                          f"the needle answers need up to {answer} more; use lengths up to {context - answer}")
 
 
-_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "map_kind", "depths")
+_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "rows_select", "map_kind", "depths")
 # Settings a results.jsonl written before they were recorded ran with.
-_SETTINGS_BEFORE = {"map_kind": "residual"}
+_SETTINGS_BEFORE = {"map_kind": "residual", "rows_select": None}
 
 
 def _fill_flops(kind: str, config: dict) -> int:
@@ -291,13 +297,15 @@ def _run(args: argparse.Namespace) -> int:
         needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS)
         ranges = A.parse_splice_layers(args.splice_layers, split, config["num_hidden_layers"])
         loss_arms = A.with_splice_ranges(A.parse_arms(args.loss_arms, A.LOSS_ARMS), ranges)
+        if args.rows_select is not None:
+            A.check_rows_select(args.rows_select, split)
     except ValueError as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
     _check_lengths(args.lengths, args.tail, config, tasks)
     plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
                     longtail={n: A.longtail_tail(config, n, split, args.tail, kind) for n in args.lengths})
     policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"
-    policy_file.write_text(A.rows_policy_text(split, args.tail))
+    policy_file.write_text(A.rows_policy_text(split, args.tail, args.rows_select))
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     exclude = calibration_ids(args.maps)
@@ -314,9 +322,11 @@ def _run(args: argparse.Namespace) -> int:
         print(warning, flush=True)
 
     store = ResultStore(results)
+    # A selection of one's own has no fixed share: reports take the rows the server said it computed.
+    rows = {"rows_policy": A.ROWS_POLICY, "rows_fraction": None if args.rows_select else A.ROWS_SHARE / 100,
+            "rows_select": args.rows_select}
     settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
-                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100, "map_kind": kind,
-                "depths": args.depths}
+                **rows, "map_kind": kind, "depths": args.depths}
     if store.meta is not None:
         # The depth grid names samples by index: another --depths would pair old ids with new positions.
         changed = changed_settings(store.meta, settings)
@@ -329,9 +339,8 @@ def _run(args: argparse.Namespace) -> int:
                 "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
                 "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
                 "depths": args.depths, "seeds": args.seeds,
-                "rows_policy": A.ROWS_POLICY, "rows_fraction": A.ROWS_SHARE / 100,
-                "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + " ".join(sys.argv[1:]),
+                **rows, "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + shlex.join(sys.argv[1:]),
                 "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,
                 "fill_flops_per_row": _fill_flops(kind, config)}
         store.add(meta)

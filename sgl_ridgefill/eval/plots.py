@@ -193,7 +193,8 @@ def plot_overview(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
 
 def plot_tradeoff(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | None:
     """``tradeoff.tradeoff_rows``: filled-region retrieval against the speed bound 1/r, one panel per model and
-    length, one colour per map kind, each point labelled with its split; RidgeFill filled circles (the splits
+    length, one colour per map kind (and per kind with a ``--rows-select`` of its own), each point labelled with
+    its split; RidgeFill filled circles (the splits
     of a kind joined), RidgeFill+rows hollow squares at their own bound (map kinds spread slightly apart along
     the axis); exact as a dotted line."""
     from matplotlib import colormaps
@@ -204,14 +205,15 @@ def plot_tradeoff(rows: Sequence[Row], path: pathlib.Path) -> pathlib.Path | Non
         panels.setdefault((r["model"], r["length"]), []).append(r)
     if not panels:
         return None
-    kinds = list(dict.fromkeys(r["map_kind"] for r in measured))
+    series = lambda r: r["map_kind"] + (" (--rows-select)" if r.get("own_rows") else "")  # noqa: E731
+    kinds = list(dict.fromkeys(series(r) for r in measured))
     fig, axes = _figure(len(panels), width=6.5, height=4.8)
     for ax, ((model, length), points) in zip(axes, panels.items()):
         for arm, speed_key, marker, fill in (("ridgefill", "speed", "o", True),
                                              ("ridgefill+rows", "speed_rows", "s", False)):
             for kind in kinds:
                 color = colormaps["tab10"](kinds.index(kind) % 10)
-                here = sorted((r for r in points if r["map_kind"] == kind and r["retrieval"].get(arm)
+                here = sorted((r for r in points if series(r) == kind and r["retrieval"].get(arm)
                                and r["retrieval"][arm].get("mean") is not None), key=lambda r: r[speed_key])
                 if not here:
                     continue

@@ -127,7 +127,7 @@ def _check_text(check: Row | None) -> str:
 def _setup_table(meta: Row) -> str:
     if not meta:
         return "_No meta record in this run._"
-    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
+    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction", "rows_select",
               "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server", "command")
     rows = []
     for name in fields:

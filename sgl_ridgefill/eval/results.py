@@ -53,6 +53,11 @@ class Run:
         if self.split not in self.splits:
             raise ValueError(f"run {self.name!r}: split {self.split} is not among its maps' splits {self.splits}")
 
+    @property
+    def rows_select(self) -> str | None:
+        """The run's ``--rows-select`` (None: the reference attention selection)."""
+        return self.extra[self.extra.index("--rows-select") + 1] if "--rows-select" in self.extra else None
+
     def maps_name(self) -> str:
         kind = "" if self.map_kind == RESIDUAL else self.map_kind.replace("+", "-") + "-"
         return f"{self.model}-{kind}s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
@@ -99,6 +104,12 @@ _QUALITY_DIAGNOSTICS = ("--preset", "quality",
                         "--needle-arms", "exact,ridgefill,ridgefill+rows,ridgefill+random,ridgefill+needle-rows,"
                                          "ridgefill+needle-random",
                         "--loss-arms", "exact,identity,ridgefill,splice:keys")
+# The needle-row oracle says the needles' own rows close the gap that attention-selected rows leave: the same
+# 10 % budget with up to 2 % of it reserved for sentences sharing three or more words with the question.
+LEXICAL_ROWS = ("attention_topk(q=64, share=10%, layers=[3, 7, 11]) budget 10% "
+                "reserve lexical_net(min_shared=3) up to 2%")
+_QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows", "--loss-arms", "exact",
+                    "--rows-select", LEXICAL_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
 _SMOL_SPLITS = (15,)
 
@@ -120,6 +131,8 @@ RUNS = (
     *(Run(f"qwen2.5-0.5b-{kind.replace('+', '-')}-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,),
           _QUALITY_DIAGNOSTICS if kind == "kv+context" else _QUALITY, map_kind=kind, group=CHOOSE_SPLIT)
       for kind in MAP_KINDS[1:]),
+    Run("qwen2.5-0.5b-kv-context-s12-lexical-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY_LEXICAL,
+        map_kind="kv+context", group=CHOOSE_SPLIT),
     # SmolLM2-135M at half depth: the paper's map finds no filled-region needle there; the context kind against it.
     Run("smollm2-135m-residual-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, group=CHOOSE_SPLIT),
     Run("smollm2-135m-kv-context-s15-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY, map_kind="kv+context",
@@ -139,12 +152,13 @@ def exact_sources(run: Run, runs: tuple[Run, ...], runs_dir: pathlib.Path) -> tu
 
 def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT) -> list[PlannedRun]:
     """The rows of the map kind x split x rows table: each run of ``group`` at each of its lengths."""
-    return [PlannedRun(run.name, run.model, run.map_kind, run.split, length, docs / "results" / run.name)
+    return [PlannedRun(run.name, run.model, run.map_kind, run.split, length, docs / "results" / run.name,
+                       run.rows_select)
             for run in runs if run.group == group for length in run.lengths]
 
 
 def _sh(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> None:
-    print("+ " + " ".join(cmd), flush=True)
+    print("+ " + shlex.join(cmd), flush=True)
     done = subprocess.run(cmd)
     if done.returncode not in ok:
         raise subprocess.CalledProcessError(done.returncode, cmd)

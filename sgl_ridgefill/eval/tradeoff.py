@@ -28,7 +28,13 @@ from .retrieval import ALL, haystacks, paired_difference, pooled
 
 NOT_RUN = "not run"
 ARMS = (EXACT, RIDGEFILL, RIDGEFILL_ROWS)
+DEFAULT_ROWS = f"attention {ROWS_SHARE} %"  # the reference selection (arms.default_rows_select)
 Row = Mapping[str, Any]
+
+
+def rows_label(rows_select: str | None) -> str:
+    """The rows column: the reference selection by name, a ``--rows-select`` spelled out."""
+    return f"`{rows_select}`" if rows_select else DEFAULT_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,7 @@ class PlannedRun:
     split: int
     length: int
     report_dir: pathlib.Path
+    rows_select: str | None = None  # the run's --rows-select (None: the reference selection)
 
 
 def speed_bound(split: int, num_layers: int, tail: int, length: int, rows_share: float = 0.0) -> float:
@@ -68,7 +75,9 @@ def tradeoff_rows(planned: Sequence[PlannedRun], *, n_resamples: int = 5000) -> 
         summary = summaries[run.name]
         row: dict[str, Any] = {"name": run.name, "model": run.model, "map_kind": run.map_kind,
                                "split_layer": run.split, "split": str(run.split), "length": run.length,
-                               "reference": references[run.model].name, "status": NOT_RUN}
+                               "rows": rows_label(run.rows_select), "own_rows": run.rows_select is not None,
+                               "reference": references[run.model].name,
+                               "status": NOT_RUN}
         if summary is not None:
             row.update(_measured(run, summary, summaries.get(references[run.model].name), n_resamples))
         rows.append(row)
@@ -96,9 +105,13 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
     speed = speed_rows = None
     if isinstance(layers, int) and isinstance(tail, int):
         speed = speed_bound(run.split, layers, tail, run.length)
-        speed_rows = speed_bound(run.split, layers, tail, run.length, float(meta.get("rows_fraction") or 0.0))
+        fraction = meta.get("rows_fraction")
+        if fraction is None:  # a selection of one's own (--rows-select): the rows the server said it computed
+            fraction = _served_rows_fraction(summary, run.length, tail)
+        speed_rows = None if fraction is None else speed_bound(run.split, layers, tail, run.length, fraction)
     return {
         "status": "measured", "map_kind": str(meta.get("map_kind") or run.map_kind),
+        "rows": rows_label(meta.get("rows_select")), "own_rows": bool(meta.get("rows_select")),
         "split": f"{run.split}/{layers}" if isinstance(layers, int) else str(run.split),
         "n": (overall.get(EXACT) or overall.get(RIDGEFILL) or {}).get("n"), "retrieval": overall,
         "by_haystack": by_haystack, "vs_exact": vs_exact, "key_excess": key, "speed": speed, "speed_rows": speed_rows,
@@ -106,6 +119,14 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         "vs_reference": None if reference is None or reference is summary else
         cross_run_difference(summary, reference, run.length, RIDGEFILL, n_resamples=n_resamples),
     }
+
+
+def _served_rows_fraction(summary: Mapping[str, Any], length: int, tail: int) -> float | None:
+    """The mean share of the prefix the RidgeFill+rows arm computed exactly, as the server reported it."""
+    row = find_row(summary.get("exact_rows", []), length=length, arm=RIDGEFILL_ROWS)
+    if row is None or row.get("mean") is None or length <= tail:
+        return None
+    return float(row["mean"]) / (length - tail)
 
 
 def cross_run_difference(summary: Mapping[str, Any], reference: Mapping[str, Any], length: int, arm: str, *,
@@ -135,30 +156,32 @@ def _scores(summary: Mapping[str, Any], length: int, arm: str) -> dict[tuple, tu
 
 TEXT = (
     "Runs that differ only by split and map kind, on the same prompts. Retrieval: mean score (0-100) of the "
-    f"samples whose needle lies in the filled prefix, 95% BCa interval; RidgeFill+rows runs {ROWS_SHARE} % of "
-    "the prefix rows (attention-selected) exactly. \"− exact\": the difference from exact on the same samples. "
+    "samples whose needle lies in the filled prefix, 95% BCa interval; RidgeFill+rows also runs the rows of the "
+    f"rows column exactly ({DEFAULT_ROWS}: {ROWS_SHARE} % of the prefix by attention from the last 64 tokens; "
+    "otherwise the run's `--rows-select`). \"− exact\": the difference from exact on the same samples. "
     "\"vs reference\": RidgeFill minus RidgeFill of the model's first run below, paired by sample id and prompt "
     "across the two runs (n pairs). Key-token excess: RidgeFill's key-token loss minus exact's (nat, over "
     "documents). Fill: what filling one row of one upper layer costs with the map kind, in MFLOP (map and, for "
     "kinds that predict the layer input, its K/V projections). Speed bound: 1/r with r = S/L + (1 − S/L)·T/N (with rows: T + "
-    f"{ROWS_SHARE} % of the prefix exact), counting only the layers skipped. –: not measured. Pick the cheapest "
+    f"{ROWS_SHARE} % of the prefix exact, or the mean the server reported for a --rows-select), counting only the layers skipped. –: not measured. Pick the cheapest "
     "split and kind whose retrieval is close enough to exact for the use; the plot draws the same trade-off."
 )
 
 
 def tradeoff_table(rows: Sequence[Row]) -> str:
     pts, nat = signed(".1f"), signed(".2f")
-    header = ("model", "map kind", "split", "tokens", "filled samples", "exact", "RidgeFill", "RidgeFill+rows",
+    header = ("model", "map kind", "split", "tokens", "rows", "filled samples", "exact", "RidgeFill", "RidgeFill+rows",
               "RidgeFill − exact", "RidgeFill+rows − exact", "RidgeFill vs reference", "key-token excess (nat)",
               "fill (MFLOP/row/layer)", "speed bound", "with rows")
     out = []
     for r in rows:
         if r["status"] == NOT_RUN:
-            out.append((r["model"], r["map_kind"], r["split"], r["length"], NOT_RUN, *([NA] * (len(header) - 5))))
+            out.append((r["model"], r["map_kind"], r["split"], r["length"], r.get("rows", NA), NOT_RUN,
+                        *([NA] * (len(header) - 6))))
             continue
         retrieval, vs_exact = r["retrieval"], r["vs_exact"]
         out.append((
-            r["model"], r["map_kind"], r["split"], r["length"], NA if r["n"] is None else r["n"],
+            r["model"], r["map_kind"], r["split"], r["length"], r["rows"], NA if r["n"] is None else r["n"],
             *(_cell(retrieval.get(arm), "mean", score) for arm in ARMS),
             *(_cell(vs_exact.get(arm), "diff", pts) for arm in (RIDGEFILL, RIDGEFILL_ROWS)),
             _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat), _mflop(r.get("fill_flops")),
@@ -195,7 +218,7 @@ def haystack_table(rows: Sequence[Row]) -> str:
     for r in rows:
         for name, arms in (r.get("by_haystack") or {}).items():
             n = (arms.get(EXACT) or arms.get(RIDGEFILL) or {}).get("n")
-            out.append((r["model"], r["map_kind"], r["split"], r["length"], name, NA if n is None else n,
+            out.append((r["model"], r["map_kind"], r["split"], r["length"], r["rows"], name, NA if n is None else n,
                         *(_cell(arms.get(arm), "mean", score) for arm in ARMS)))
-    return table(("model", "map kind", "split", "tokens", "haystack", "filled samples", "exact", "RidgeFill",
+    return table(("model", "map kind", "split", "tokens", "rows", "haystack", "filled samples", "exact", "RidgeFill",
                   "RidgeFill+rows"), out)

@@ -46,9 +46,11 @@ def test_the_split_comparison_renders_from_partial_results_with_runs_not_made_as
     assert all(f"{r.name}: no results" in out for r in group[1:])
     text = (docs / "RESULTS.md").read_text()
     section = text[text.index("## Choosing the split"):]
-    assert f"| {first.model} | residual | 12/24 | 4096 | 2 | 100.0 [100.0, 100.0] | 50.0 [0.0, 100.0] | – |" in section
+    assert (f"| {first.model} | residual | 12/24 | 4096 | attention 10 % | 2 | 100.0 [100.0, 100.0] | "
+            "50.0 [0.0, 100.0] | – |") in section
     for run in group[1:]:
-        assert f"| {run.model} | {run.map_kind} | {run.split} | 4096 | not run |" in section
+        rows = f"`{run.rows_select}`" if run.rows_select else "attention 10 %"
+        assert f"| {run.model} | {run.map_kind} | {run.split} | 4096 | {rows} | not run |" in section
     assert "Check not run" in (docs / "results" / first.name / "REPORT.md").read_text()
 
 
@@ -76,6 +78,9 @@ def test_run_definitions_name_their_maps_kind_and_split():
     assert all("--preset" in r.extra and "quality" in r.extra for r in group.values())
     oracle = {name for name, r in group.items() if "ridgefill+needle-rows" in r.extra[r.extra.index("--needle-arms") + 1]}
     assert oracle == {"qwen2.5-0.5b-residual-s12-q", "qwen2.5-0.5b-kv-context-s12-q"}  # the reference and the best kind
+    lexical = group["qwen2.5-0.5b-kv-context-s12-lexical-q"]
+    assert lexical.rows_select == results.LEXICAL_ROWS and kv.rows_select is None
+    assert lexical.maps_name() == kv.maps_name()  # the same maps, another rows selection
     import pytest
 
     with pytest.raises(ValueError, match="map kind 'linear' is not one of"):
@@ -87,8 +92,8 @@ def test_run_definitions_name_their_maps_kind_and_split():
 def test_list_prints_each_runs_commands(tmp_path, capsys):
     assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sgl_ridgefill.cli calibrate stats") == 8 and out.count("sgl_ridgefill.cli calibrate fit") == 8
-    assert out.count("--preset quality") == 8
+    assert out.count("sgl_ridgefill.cli calibrate stats") == 9 and out.count("sgl_ridgefill.cli calibrate fit") == 9
+    assert out.count("--preset quality") == 9 and out.count("--rows-select") == 1
     assert "--splits 12,14,16" in out and "fit --stats" in out and "--kind kv+context" in out
     assert not (tmp_path / "maps").exists()
 

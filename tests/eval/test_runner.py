@@ -96,6 +96,21 @@ def test_rows_policy_compiles_below_its_split(split):
     assert all(layer < split for req in policy.requirements for layer in req.layers)
 
 
+def test_rows_select_of_ones_own():
+    select = "attention_topk(q=64, share=10%, layers=[3, 7, 11]) budget 10% reserve lexical_net(min_shared=3) up to 2%"
+    A.check_rows_select(select, 12)
+    text = A.rows_policy_text(12, 1024, select)
+    assert f"  select {select}\n" in text and "(--rows-select)" in text
+    policy = compile_policy(parse_policy(text), model=ModelInfo.dense(24), maps=MapsInfo((12,), 12, 24))
+    assert policy.has_selection()
+    assert A.rows_policy_text(12, 1024) == A.rows_policy_text(12, 1024, None)  # the default: attention 10 %
+    assert f"select {A.default_rows_select(12)}\n" in A.rows_policy_text(12, 1024)
+    with pytest.raises(ValueError, match=r"(?s)--rows-select 'attention_topk\(layers=\[13\]\)'.*layer 13 is not below split 12"):
+        A.check_rows_select("attention_topk(layers=[13])", 12)
+    with pytest.raises(ValueError, match="unknown selector 'nearest'"):
+        A.check_rows_select("nearest()", 12)
+
+
 def test_longtail_costs_what_the_fill_costs():
     from sgl_ridgefill.bench.bounds import ModelDims, RidgeFillShape, ridgefill_prefill_flops
 

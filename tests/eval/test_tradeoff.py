@@ -33,11 +33,13 @@ def _meta(split, kind=None, fill_flops=None):
     return meta if kind is None else {**meta, "map_kind": kind}
 
 
-def _needles(scores, sha=lambda i: f"p{i}", haystack=lambda i: "noise" if i % 2 else "text"):
-    """Filled-region records of samples s0.. with ``scores[arm][i]``; samples s{i} hash to ``sha(i)``."""
+def _needles(scores, sha=lambda i: f"p{i}", haystack=lambda i: "noise" if i % 2 else "text", exact_rows=None):
+    """Filled-region records of samples s0.. with ``scores[arm][i]``; samples s{i} hash to ``sha(i)``; the
+    RidgeFill+rows arm reports ``exact_rows`` rows when given."""
     return [{"kind": "needle", "length": 4096, "task": "niah_single", "haystack": haystack(i), "sample": f"s{i}",
              "prompt_sha": sha(i), "arm": arm, "region": "filled", "depth": 0.3, "position": 900, "score": float(v),
-             "output": "", "answers": ["1234567"], "seconds": 0.1}
+             "output": "", "answers": ["1234567"], "seconds": 0.1,
+             **({"exact_rows": exact_rows} if exact_rows is not None and arm == "ridgefill+rows" else {})}
             for arm, values in scores.items() for i, v in enumerate(values)]
 
 
@@ -57,10 +59,16 @@ def runs(tmp_path):
     _write(tmp_path / "r12", [_meta(12), *_needles(ref)])  # a run written before map kinds: residual
     _write(tmp_path / "r14", [_meta(14, "residual"), *_needles(s14)])
     _write(tmp_path / "kv12", [_meta(12, "kv", 458_752), *_needles(kv, sha=lambda i: "other" if i < 2 else f"p{i}")])
+    # kv maps with a selection of their own (--rows-select): no fixed share, 614 rows served (20 % of 3,072).
+    lexical = {"exact": [100] * 8, "ridgefill+rows": [100] * 8}
+    _write(tmp_path / "kv12-lex", [{**_meta(12, "kv"), "rows_fraction": None, "rows_select": "lexical_net()"},
+                                   *_needles(lexical, exact_rows=614)])
     return [PlannedRun("r12", "qwen", "residual", 12, 4096, tmp_path / "r12"),
             PlannedRun("r14", "qwen", "residual", 14, 4096, tmp_path / "r14"),
             PlannedRun("n12", "qwen", "normalised", 12, 4096, tmp_path / "n12"),
-            PlannedRun("kv12", "qwen", "kv", 12, 4096, tmp_path / "kv12")]
+            PlannedRun("kv12", "qwen", "kv", 12, 4096, tmp_path / "kv12"),
+            PlannedRun("kv12-lex", "qwen", "kv", 12, 4096, tmp_path / "kv12-lex", "lexical_net()"),
+            PlannedRun("n12-lex", "qwen", "normalised", 12, 4096, tmp_path / "n12-lex", "digits()")]
 
 
 def test_rows_pair_runs_by_sample_and_prompt(runs):
@@ -78,6 +86,11 @@ def test_rows_pair_runs_by_sample_and_prompt(runs):
     assert kv["vs_reference"]["diff"] == pytest.approx(100 - 200 / 6)
     assert kv["retrieval"].get("ridgefill+rows") is None and kv["vs_exact"]["ridgefill+rows"] is None
     assert rows["n12"]["status"] == NOT_RUN and rows["n12"]["split"] == "12"
+    assert ref["rows"] == rows["n12"]["rows"] == "attention 10 %"
+    lex = rows["kv12-lex"]
+    assert lex["rows"] == "`lexical_net()`" and rows["n12-lex"]["rows"] == "`digits()`"  # measured and planned
+    assert lex["retrieval"]["ridgefill+rows"]["mean"] == 100.0 and lex["retrieval"].get("ridgefill") is None
+    assert lex["speed_rows"] == pytest.approx(speed_bound(12, 24, 1024, 4096, 614 / 3072))  # the rows served
     assert ref["by_haystack"]["text"]["ridgefill"]["mean"] == 75.0  # s0, s2, s4, s6
     assert ref["by_haystack"]["noise"]["ridgefill"]["mean"] == 0.0
 
@@ -96,14 +109,16 @@ def test_results_md_table_plot_and_not_run_rows(tmp_path, runs):
                              n_resamples=N_RESAMPLES).read_text()
     section = text[text.index("## Choosing the split"):text.index("\n## r12")]
     main, per_haystack = section.split("Per haystack")
-    lines = {line.split(" | ")[1] + "@" + line.split(" | ")[2]: line for line in main.splitlines()
-             if line.startswith("| qwen |")}
-    assert lines["residual@12/24"].startswith("| qwen | residual | 12/24 | 4096 | 8 | 100.0 [100.0, 100.0] | 37.5 [")
+    lines = {line.split(" | ")[1] + "@" + line.split(" | ")[2] + ("@" + line.split(" | ")[4]).replace("@attention 10 %", ""): line
+             for line in main.splitlines() if line.startswith("| qwen |")}
+    assert lines["residual@12/24"].startswith("| qwen | residual | 12/24 | 4096 | attention 10 % | 8 | 100.0 [100.0, 100.0] | 37.5 [")
     assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | – | 1.60× | 1.51× |" in lines["residual@12/24"]
     assert "| +37.5 [" in lines["residual@14/24"] and "(n = 8) |" in lines["residual@14/24"]
-    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | not run | – | – | – | – | – | – | – | – | – | – |"
+    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | attention 10 % | not run | – | – | – | – | – | – | – | – | – | – |"
+    assert lines["normalised@12@`digits()`"].startswith("| qwen | normalised | 12 | 4096 | `digits()` | not run |")
+    assert lines["kv@12/24@`lexical_net()`"].startswith("| qwen | kv | 12/24 | 4096 | `lexical_net()` | 8 | 100.0 [")
     assert "(n = 6), 2 with other prompts left out | – | 0.46 | 1.60× |" in lines["kv@12/24"]
-    assert "| qwen | residual | 12/24 | 4096 | text | 4 | 100.0 [100.0, 100.0] | 75.0 [" in per_haystack
+    assert "| qwen | residual | 12/24 | 4096 | attention 10 % | text | 4 | 100.0 [100.0, 100.0] | 75.0 [" in per_haystack
     assert f"]({TRADEOFF_PNG})" in section and (out.parent / TRADEOFF_PNG).stat().st_size > 1000
     # No comparison: no section, no plot left behind.
     text = render_results_md([runs[0].report_dir], out, "x").read_text()
