@@ -15,7 +15,8 @@ from typing import Any
 
 from . import answers, plots
 from .analysis import latest_records
-from .arms import EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS, arm_sort_key
+from .arms import (EXACT, IDENTITY, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_NEEDLE_RANDOM, RIDGEFILL_NEEDLE_ROWS,
+                   RIDGEFILL_RANDOM, RIDGEFILL_ROWS, arm_sort_key)
 from .markdown import NA, ci, image, score, signed, table
 from .retrieval import ALL, haystacks, pooled
 
@@ -278,6 +279,19 @@ RETRIEVAL_TARGETS = (
 )
 
 
+def _oracle_reading(oracle: Row, vs_exact: Row | None, fmt) -> str:
+    """What the needle-row oracle says: the needles' own rows exact, minus as many random rows exact."""
+    line = (f"- Needle-row oracle: the needles' own rows exact minus as many random rows, filled-region retrieval: "
+            f"{ci(oracle, 'diff', fmt)} points over {oracle['n']} samples")
+    if vs_exact is not None:
+        line += f" (needle rows exact minus exact: {ci(vs_exact, 'diff', fmt)})"
+    if oracle.get("low") is not None and oracle["low"] > 0:
+        return line + ": the needles' own keys are the lever (a selector that finds their rows, or maps weighted to them)."
+    if oracle.get("high") is not None and oracle["high"] <= 0:
+        return line + ": the needles' own rows do not help; the error is in the haystack's keys (better maps)."
+    return line + "; the interval reaches 0, so the data do not say whether the needles' own rows are the lever."
+
+
 def _conclusions(summary: Mapping[str, Any]) -> str:
     """Per length: the retrieval statements and targets over every haystack, each target followed by its
     reading per haystack, then the key-token loss target."""
@@ -305,6 +319,10 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
                 row = plots.find_row(every, length=length, haystack=name, arm=arm, vs=vs)
                 if row is not None:
                     lines.append("  " + _target(f"{name} haystack", row, "diff", op, threshold, pts))
+        oracle = plots.find_row(diffs, length=length, arm=RIDGEFILL_NEEDLE_ROWS, vs=RIDGEFILL_NEEDLE_RANDOM)
+        if oracle is not None:
+            lines.append(_oracle_reading(oracle, plots.find_row(diffs, length=length, arm=RIDGEFILL_NEEDLE_ROWS,
+                                                                vs=EXACT), pts))
         near = plots.find_row(summary.get("near_misses") or [], length=length, haystack=ALL, arm=RIDGEFILL)
         if near is not None and near["wrong"]:
             lines.append(f"- RidgeFill's wrong filled-region answers to numeric needles: {near['near']} of "

@@ -446,3 +446,17 @@ def test_each_samples_scores_are_kept_for_comparisons_across_runs(summary):
     assert f3["scores"]["ridgefill"] == 0.0 and f3["scores"]["exact"] == 100.0  # the later duplicate wins
     assert (f3["haystack"], f3["region"], f3["prompt_sha"]) == ("essays", "filled", None)  # records without a hash
     assert len(samples) == 2 * 6 + 2 * 2  # 4096: f0..f3, tl0, s0 per task; 8192: f0, f1 per task
+
+
+def test_the_needle_row_oracle_is_read():
+    from sgl_ridgefill.eval.markdown import signed
+    from sgl_ridgefill.eval.report import _oracle_reading
+
+    pts = signed(".1f")
+    lever = _oracle_reading({"diff": 10.4, "low": 4.2, "high": 17.7, "n": 96},
+                            {"diff": -3.1, "low": -8.3, "high": -1.0, "n": 96}, pts)
+    assert lever.startswith("- Needle-row oracle: the needles' own rows exact minus as many random rows, filled-region "
+                            "retrieval: +10.4 [+4.2, +17.7] points over 96 samples (needle rows exact minus exact: "
+                            "-3.1 [-8.3, -1.0]): the needles' own keys are the lever")
+    assert "haystack's keys" in _oracle_reading({"diff": 0.0, "low": 0.0, "high": 0.0, "n": 96}, None, pts)
+    assert "do not say" in _oracle_reading({"diff": 2.0, "low": -1.0, "high": 5.0, "n": 96}, None, pts)
