@@ -99,16 +99,16 @@ TAIL = 1024
 # also run the needle-row oracle, the random-rows control and the per-layer key splices (13-17, 18-23); the
 # others the headline arms.
 _QUALITY = ("--preset", "quality", "--needle-arms", "exact,ridgefill,ridgefill+rows",
-            "--loss-arms", "exact,ridgefill,splice:keys")
+            "--loss-arms", "exact,ridgefill,ridgefill+rows,splice:keys")
 _QUALITY_DIAGNOSTICS = ("--preset", "quality",
                         "--needle-arms", "exact,ridgefill,ridgefill+rows,ridgefill+random,ridgefill+needle-rows,"
                                          "ridgefill+needle-random",
-                        "--loss-arms", "exact,identity,ridgefill,splice:keys")
+                        "--loss-arms", "exact,identity,ridgefill,ridgefill+rows,splice:keys")
 # The needle-row oracle says the needles' own rows close the gap that attention-selected rows leave: the same
 # 10 % budget with up to 2 % of it reserved for sentences sharing three or more words with the question.
 LEXICAL_ROWS = ("attention_topk(q=64, share=10%, layers=[3, 7, 11]) budget 10% "
                 "reserve lexical_net(min_shared=3) up to 2%")
-_QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows", "--loss-arms", "exact",
+_QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows", "--loss-arms", "exact,ridgefill+rows",
                     "--rows-select", LEXICAL_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
 _SMOL_SPLITS = (15,)

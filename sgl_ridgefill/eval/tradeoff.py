@@ -100,7 +100,8 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         by_haystack[name] = {r["arm"]: r for r in filled if r.get("haystack") == name and r["arm"] in ARMS}
     diffs = pooled(summary.get("retrieval_diffs", []))
     vs_exact = {arm: find_row(diffs, length=run.length, arm=arm, vs=EXACT) for arm in (RIDGEFILL, RIDGEFILL_ROWS)}
-    key = find_row(summary.get("loss_diffs", []), length=run.length, metric="key", arm=RIDGEFILL, vs=EXACT)
+    key, key_rows = (find_row(summary.get("loss_diffs", []), length=run.length, metric="key", arm=arm, vs=EXACT)
+                     for arm in (RIDGEFILL, RIDGEFILL_ROWS))
     layers, tail = meta.get("num_layers"), meta.get("tail")
     speed = speed_rows = None
     if isinstance(layers, int) and isinstance(tail, int):
@@ -114,7 +115,8 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         "rows": rows_label(meta.get("rows_select")), "own_rows": bool(meta.get("rows_select")),
         "split": f"{run.split}/{layers}" if isinstance(layers, int) else str(run.split),
         "n": (overall.get(EXACT) or overall.get(RIDGEFILL) or {}).get("n"), "retrieval": overall,
-        "by_haystack": by_haystack, "vs_exact": vs_exact, "key_excess": key, "speed": speed, "speed_rows": speed_rows,
+        "by_haystack": by_haystack, "vs_exact": vs_exact, "key_excess": key, "key_excess_rows": key_rows,
+        "speed": speed, "speed_rows": speed_rows,
         "fill_flops": meta.get("fill_flops_per_row"),
         "vs_reference": None if reference is None or reference is summary else
         cross_run_difference(summary, reference, run.length, RIDGEFILL, n_resamples=n_resamples),
@@ -161,7 +163,7 @@ TEXT = (
     "otherwise the run's `--rows-select`). \"− exact\": the difference from exact on the same samples. "
     "\"vs reference\": RidgeFill minus RidgeFill of the model's first run below, paired by sample id and prompt "
     "across the two runs (n pairs). Key-token excess: RidgeFill's key-token loss minus exact's (nat, over "
-    "documents). Fill: what filling one row of one upper layer costs with the map kind, in MFLOP (map and, for "
+    "documents), and RidgeFill+rows'. Fill: what filling one row of one upper layer costs with the map kind, in MFLOP (map and, for "
     "kinds that predict the layer input, its K/V projections). Speed bound: 1/r with r = S/L + (1 − S/L)·T/N (with rows: T + "
     f"{ROWS_SHARE} % of the prefix exact, or the mean the server reported for a --rows-select), counting only the layers skipped. –: not measured. Pick the cheapest "
     "split and kind whose retrieval is close enough to exact for the use; the plot draws the same trade-off."
@@ -172,6 +174,7 @@ def tradeoff_table(rows: Sequence[Row]) -> str:
     pts, nat = signed(".1f"), signed(".2f")
     header = ("model", "map kind", "split", "tokens", "rows", "filled samples", "exact", "RidgeFill", "RidgeFill+rows",
               "RidgeFill − exact", "RidgeFill+rows − exact", "RidgeFill vs reference", "key-token excess (nat)",
+              "with rows (nat)",
               "fill (MFLOP/row/layer)", "speed bound", "with rows")
     out = []
     for r in rows:
@@ -184,7 +187,8 @@ def tradeoff_table(rows: Sequence[Row]) -> str:
             r["model"], r["map_kind"], r["split"], r["length"], r["rows"], NA if r["n"] is None else r["n"],
             *(_cell(retrieval.get(arm), "mean", score) for arm in ARMS),
             *(_cell(vs_exact.get(arm), "diff", pts) for arm in (RIDGEFILL, RIDGEFILL_ROWS)),
-            _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat), _mflop(r.get("fill_flops")),
+            _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat), _cell(r["key_excess_rows"], "diff", nat),
+            _mflop(r.get("fill_flops")),
             _speed(r["speed"]), _speed(r["speed_rows"]),
         ))
     return table(header, out)

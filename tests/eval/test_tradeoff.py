@@ -112,14 +112,26 @@ def test_results_md_table_plot_and_not_run_rows(tmp_path, runs):
     lines = {line.split(" | ")[1] + "@" + line.split(" | ")[2] + ("@" + line.split(" | ")[4]).replace("@attention 10 %", ""): line
              for line in main.splitlines() if line.startswith("| qwen |")}
     assert lines["residual@12/24"].startswith("| qwen | residual | 12/24 | 4096 | attention 10 % | 8 | 100.0 [100.0, 100.0] | 37.5 [")
-    assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | – | 1.60× | 1.51× |" in lines["residual@12/24"]
+    assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | – | – | 1.60× | 1.51× |" in lines["residual@12/24"]
     assert "| +37.5 [" in lines["residual@14/24"] and "(n = 8) |" in lines["residual@14/24"]
-    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | attention 10 % | not run | – | – | – | – | – | – | – | – | – | – |"
+    assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | attention 10 % | not run | – | – | – | – | – | – | – | – | – | – | – |"
     assert lines["normalised@12@`digits()`"].startswith("| qwen | normalised | 12 | 4096 | `digits()` | not run |")
     assert lines["kv@12/24@`lexical_net()`"].startswith("| qwen | kv | 12/24 | 4096 | `lexical_net()` | 8 | 100.0 [")
-    assert "(n = 6), 2 with other prompts left out | – | 0.46 | 1.60× |" in lines["kv@12/24"]
+    assert "(n = 6), 2 with other prompts left out | – | – | 0.46 | 1.60× |" in lines["kv@12/24"]
     assert "| qwen | residual | 12/24 | 4096 | attention 10 % | text | 4 | 100.0 [100.0, 100.0] | 75.0 [" in per_haystack
     assert f"]({TRADEOFF_PNG})" in section and (out.parent / TRADEOFF_PNG).stat().st_size > 1000
     # No comparison: no section, no plot left behind.
     text = render_results_md([runs[0].report_dir], out, "x").read_text()
     assert "Choosing the split" not in text and not (out.parent / TRADEOFF_PNG).exists()
+
+
+def test_key_token_excess_with_and_without_rows(tmp_path):
+    folder = tmp_path / "kvc12"
+    folder.mkdir()
+    diff = lambda arm, d: {"length": 4096, "metric": "key", "arm": arm, "vs": "exact", "n": 4,  # noqa: E731
+                           "diff": d, "low": d - 0.2, "high": d + 0.2}
+    summary = {"meta": _meta(12, "kv+context"), "retrieval": [], "retrieval_diffs": [], "samples": [],
+               "loss_diffs": [diff("ridgefill", 0.889), diff("ridgefill+rows", 0.512), diff("ridgefill", 0.1) | {"vs": "identity"}]}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (row,) = tradeoff_rows([PlannedRun("kvc12", "qwen", "kv+context", 12, 4096, folder)], n_resamples=N_RESAMPLES)
+    assert (row["key_excess"]["diff"], row["key_excess_rows"]["diff"]) == (0.889, 0.512)
