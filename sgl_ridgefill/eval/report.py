@@ -128,8 +128,8 @@ def _check_text(check: Row | None) -> str:
 def _setup_table(meta: Row) -> str:
     if not meta:
         return "_No meta record in this run._"
-    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction", "rows_select",
-              "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server", "command")
+    fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
+              "rows_select", "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server", "command")
     rows = []
     for name in fields:
         if meta.get(name) is not None:
@@ -286,7 +286,8 @@ def _oracle_reading(oracle: Row, vs_exact: Row | None, fmt) -> str:
     if vs_exact is not None:
         line += f" (needle rows exact minus exact: {ci(vs_exact, 'diff', fmt)})"
     if oracle.get("low") is not None and oracle["low"] > 0:
-        return line + ": the needles' own keys are the lever (a selector that finds their rows, or maps weighted to them)."
+        return line + (": the needles' own keys are the lever (a selector that finds their rows, or maps weighted "
+                       "to them).")
     if oracle.get("high") is not None and oracle["high"] <= 0:
         return line + ": the needles' own rows do not help; the error is in the haystack's keys (better maps)."
     return line + "; the interval reaches 0, so the data do not say whether the needles' own rows are the lever."

@@ -108,8 +108,8 @@ _QUALITY_DIAGNOSTICS = ("--preset", "quality",
 # 10 % budget with up to 2 % of it reserved for sentences sharing three or more words with the question.
 LEXICAL_ROWS = ("attention_topk(q=64, share=10%, layers=[3, 7, 11]) budget 10% "
                 "reserve lexical_net(min_shared=3) up to 2%")
-_QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows", "--loss-arms", "exact,ridgefill+rows",
-                    "--rows-select", LEXICAL_ROWS)
+_QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows",
+                    "--loss-arms", "exact,ridgefill+rows", "--rows-select", LEXICAL_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
 _SMOL_SPLITS = (15,)
 

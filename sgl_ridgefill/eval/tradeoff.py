@@ -163,10 +163,11 @@ TEXT = (
     "otherwise the run's `--rows-select`). \"− exact\": the difference from exact on the same samples. "
     "\"vs reference\": RidgeFill minus RidgeFill of the model's first run below, paired by sample id and prompt "
     "across the two runs (n pairs). Key-token excess: RidgeFill's key-token loss minus exact's (nat, over "
-    "documents), and RidgeFill+rows'. Fill: what filling one row of one upper layer costs with the map kind, in MFLOP (map and, for "
-    "kinds that predict the layer input, its K/V projections). Speed bound: 1/r with r = S/L + (1 − S/L)·T/N (with rows: T + "
-    f"{ROWS_SHARE} % of the prefix exact, or the mean the server reported for a --rows-select), counting only the layers skipped. –: not measured. Pick the cheapest "
-    "split and kind whose retrieval is close enough to exact for the use; the plot draws the same trade-off."
+    "documents), and RidgeFill+rows'. Fill: what filling one row of one upper layer costs with the map kind, in "
+    "MFLOP (map and, for kinds that predict the layer input, its K/V projections). Speed bound: 1/r with "
+    f"r = S/L + (1 − S/L)·T/N (with rows: T + {ROWS_SHARE} % of the prefix exact, or the mean the server reported "
+    "for a --rows-select), counting only the layers skipped. –: not measured. Pick the cheapest split and kind "
+    "whose retrieval is close enough to exact for the use; the plot draws the same trade-off."
 )
 
 

@@ -76,7 +76,8 @@ def test_run_definitions_name_their_maps_kind_and_split():
     (one,) = old_run.calibrate_commands(maps, stats)
     assert "--kind" not in one and "--kinds" not in one and one[-3:] == ["--out", "/m", "--force"]
     assert all("--preset" in r.extra and "quality" in r.extra for r in group.values())
-    oracle = {name for name, r in group.items() if "ridgefill+needle-rows" in r.extra[r.extra.index("--needle-arms") + 1]}
+    needle_arms = {name: r.extra[r.extra.index("--needle-arms") + 1] for name, r in group.items()}
+    oracle = {name for name, arms in needle_arms.items() if "ridgefill+needle-rows" in arms}
     assert oracle == {"qwen2.5-0.5b-residual-s12-q", "qwen2.5-0.5b-kv-context-s12-q"}  # the reference and the best kind
     lexical = group["qwen2.5-0.5b-kv-context-s12-lexical-q"]
     assert lexical.rows_select == results.LEXICAL_ROWS and kv.rows_select is None

@@ -105,7 +105,7 @@ def test_rows_select_of_ones_own():
     assert policy.has_selection()
     assert A.rows_policy_text(12, 1024) == A.rows_policy_text(12, 1024, None)  # the default: attention 10 %
     assert f"select {A.default_rows_select(12)}\n" in A.rows_policy_text(12, 1024)
-    with pytest.raises(ValueError, match=r"(?s)--rows-select 'attention_topk\(layers=\[13\]\)'.*layer 13 is not below split 12"):
+    with pytest.raises(ValueError, match=r"(?s)'attention_topk\(layers=\[13\]\)'.*layer 13 is not below split 12"):
         A.check_rows_select("attention_topk(layers=[13])", 12)
     with pytest.raises(ValueError, match="unknown selector 'nearest'"):
         A.check_rows_select("nearest()", 12)

@@ -109,9 +109,11 @@ def test_results_md_table_plot_and_not_run_rows(tmp_path, runs):
                              n_resamples=N_RESAMPLES).read_text()
     section = text[text.index("## Choosing the split"):text.index("\n## r12")]
     main, per_haystack = section.split("Per haystack")
-    lines = {line.split(" | ")[1] + "@" + line.split(" | ")[2] + ("@" + line.split(" | ")[4]).replace("@attention 10 %", ""): line
+    cells = lambda line: line.split(" | ")  # noqa: E731
+    lines = {"@".join(cells(line)[1:3]) + ("@" + cells(line)[4]).replace("@attention 10 %", ""): line
              for line in main.splitlines() if line.startswith("| qwen |")}
-    assert lines["residual@12/24"].startswith("| qwen | residual | 12/24 | 4096 | attention 10 % | 8 | 100.0 [100.0, 100.0] | 37.5 [")
+    assert lines["residual@12/24"].startswith(
+        "| qwen | residual | 12/24 | 4096 | attention 10 % | 8 | 100.0 [100.0, 100.0] | 37.5 [")
     assert "| -62.5 [" in lines["residual@12/24"] and "| reference | – | – | – | 1.60× | 1.51× |" in lines["residual@12/24"]
     assert "| +37.5 [" in lines["residual@14/24"] and "(n = 8) |" in lines["residual@14/24"]
     assert lines["normalised@12"] == "| qwen | normalised | 12 | 4096 | attention 10 % | not run | – | – | – | – | – | – | – | – | – | – | – |"
