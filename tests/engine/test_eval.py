@@ -101,6 +101,25 @@ def test_another_run_reuses_the_exact_arm_and_sends_only_the_others(run, tiny_mo
     assert ours[0]["fill_flops_per_row"] > 0
 
 
+def test_a_rows_selection_of_ones_own_is_served_recorded_and_kept_on_resume(run, tiny_models, tmp_path):
+    out, _, _, _ = run
+    model = tiny_models("qwen2")
+    bad = _eval(model, tmp_path / "bad", "--rows-select", "nearest()")
+    assert bad.returncode != 0 and "--rows-select 'nearest()' is not a selection" in bad.stderr
+    assert "unknown selector 'nearest'" in bad.stderr and "starting" not in bad.stdout  # refused before any server
+    select = "digits() budget 8"
+    done = _eval(model, tmp_path / "own", "--rows-select", select, "--needle-arms", "ridgefill+rows",
+                 "--loss-arms", "exact", "--exact-from", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    records = [json.loads(line) for line in (tmp_path / "own" / "results.jsonl").read_text().splitlines()]
+    assert (records[0]["rows_select"], records[0]["rows_fraction"]) == (select, None)
+    assert f"  select {select}\n" in (tmp_path / "own" / "eval-rows.rfpolicy").read_text()
+    rows = [r["exact_rows"] for r in records if r.get("arm") == "ridgefill+rows" and r.get("region") == "filled"]
+    assert rows and all(1 <= n <= 8 + 1 for n in rows)  # the digits, at most 8 of them, and the sink row
+    again = _eval(model, tmp_path / "own", "--needle-arms", "ridgefill+rows", "--loss-arms", "exact")
+    assert again.returncode != 0 and "rows_select: 'digits() budget 8' -> None" in again.stderr
+
+
 @pytest.fixture(scope="module")
 def engine_run(tiny_models, tmp_path_factory, run):
     model = tiny_models("qwen2")
