@@ -1,12 +1,12 @@
-"""Choosing the split and the map kind: runs that differ only by split and map kind, side by side against
-the speed they buy, paired by sample across runs.
+"""Choosing the split and the map kind: runs that differ only by split, map kind and rows selection, side by
+side against the speed they buy, paired by sample across runs.
 
 Each planned run is one ``sgl-ridgefill eval`` (one maps folder, one split, one prompt length) whose
 ``summary.json`` sits in its report folder; a run without one is "not run". Per run: filled-region
 retrieval of exact, RidgeFill and RidgeFill with rows (95% BCa intervals), their differences from exact on
 the same samples, RidgeFill against the model's reference run (the first planned run of that model)
-paired by sample id and prompt hash across the two runs, the key-token loss RidgeFill adds over exact,
-and the prefill speed bound ``1/r``.
+paired by sample id and prompt hash across the two runs, the key-token loss RidgeFill (and RidgeFill with
+rows) adds over exact, and the prefill speed bound ``1/r``.
 
 The speed bound counts only the layers skipped: with split ``S`` of ``L`` layers, tail ``T`` of ``N``
 tokens and a share ``rho`` of the prefix rows run exactly, ``r = S/L + (1 - S/L) * (T + rho (N - T)) / N``
@@ -157,7 +157,7 @@ def _scores(summary: Mapping[str, Any], length: int, arm: str) -> dict[tuple, tu
 
 
 TEXT = (
-    "Runs that differ only by split and map kind, on the same prompts. Retrieval: mean score (0-100) of the "
+    "Runs that differ only by split, map kind and rows, on the same prompts. Retrieval: mean score (0-100) of the "
     "samples whose needle lies in the filled prefix, 95% BCa interval; RidgeFill+rows also runs the rows of the "
     f"rows column exactly ({DEFAULT_ROWS}: {ROWS_SHARE} % of the prefix by attention from the last 64 tokens; "
     "otherwise the run's `--rows-select`). \"− exact\": the difference from exact on the same samples. "
