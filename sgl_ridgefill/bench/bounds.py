@@ -196,6 +196,10 @@ class RidgeFillShape:
             raise ValueError(f"exact_rows must be a non-negative integer, got {self.exact_rows!r}")
         if self.exact_rows > self.prefix:
             raise ValueError(f"exact_rows {self.exact_rows} exceeds the prefix of {self.prefix} rows (N={self.num_tokens}, T={self.tail})")
+        if self.map_kind is not None:
+            from ..maps.kinds import map_kind  # imports torch: only for shapes that name a kind
+
+            map_kind(self.map_kind)  # an unknown kind fails here, before a benchmark sends a request
 
     @property
     def tail_rows(self) -> int:

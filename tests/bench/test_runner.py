@@ -165,6 +165,19 @@ def test_cli_split_from_maps_manifest(model_dir, tmp_path):
     assert kv["summary"][0]["flop_bound"] > report["summary"][0]["flop_bound"]  # the kv map fills for less
 
 
+
+def test_cli_refuses_an_unknown_map_kind_before_any_request(model_dir, tmp_path, capsys):
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    (maps / "manifest.json").write_text(json.dumps({"default_split": 6, "map_kind": "linear"}))
+    with FakeServer(str(model_dir), exact_s=0.0, ridgefill_s=0.0) as fake:
+        args = _parse(["--url", fake.url, "--lengths", "64", "--pairs", "1", "--warmup", "0", "--tail", "32",
+                       "--ridgefill-maps", str(maps), "--out", str(tmp_path / "out")])
+        assert args.func(args) == 1
+        assert fake.generates() == []
+    assert "unknown map kind 'linear'" in capsys.readouterr().err
+
+
 def test_manifest_name_matches_the_maps_format():
     from sgl_ridgefill.bench.cli import MAPS_MANIFEST
     from sgl_ridgefill.maps.format import MANIFEST
