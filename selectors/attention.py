@@ -3,6 +3,11 @@
 A filled row's value error moves a query's output by ``a_ij * delta`` and its logit error by at most
 ``2 V a_ij (e^|eps| - 1)``; both scale with the attention ``a_ij`` the row receives, so the most
 attended rows are the ones to compute exactly.
+
+Attention peaks on a few tokens of a passage (a needle's key word, one digit of its number), while reading
+the passage back needs all of it. ``pool`` ranks each row by the most attention any row within ``pool``
+positions of it receives (max-pooling, as SnapKV pools its votes), so a chosen peak brings its
+neighbours.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .base import QUERY_KINDS, AttentionRequirement, SelectionInputs
 from .rows import rank_by_score, share_count
@@ -20,17 +26,30 @@ from .spec import ArgumentError, BindContext, Param, SelectorSpec
 DEFAULT_LAYERS = (3, 7, 11, 15)
 
 
-def attention_topk(inputs: SelectionInputs, *, q: int, share: float, layers: tuple[int, ...], query: str) -> torch.Tensor:
+def attention_topk(
+    inputs: SelectionInputs, *, q: int, share: float, layers: tuple[int, ...], query: str, pool: int = 0
+) -> torch.Tensor:
     """The prefix rows that receive the most attention from `q` query tokens (top `share` of the prefix).
 
     Attention is summed over all heads of the chosen attention layers below the split (default:
     whichever of layers 3, 7, 11 and 15 lie below it) and over the query tokens. `query="last"` uses
     the last `q` prompt tokens, which usually hold the question; `query="before_tail"` uses the `q`
     tokens just before the tail, a question-blind variant for caches that serve several questions.
+    `pool > 0` scores every row by the largest attention within `pool` rows of it (either side), so the
+    rows around each peak are chosen with it; ties keep position order, so a window is taken whole.
     Returns ranked rows, most attended first: [round(share * prefix_len)] int64.
     """
     received = inputs.statistic(AttentionRequirement(tuple(layers), query, q), "attention_topk")
+    if pool > 0 and received.numel() > 0:
+        received = max_pool(received, pool)
     return rank_by_score(received)[: share_count(share, inputs.prefix_len)]
+
+
+def max_pool(scores: torch.Tensor, radius: int) -> torch.Tensor:
+    """``out[j] = max(scores[j - radius : j + radius + 1])`` (clipped at the ends): ``[n] -> [n]`` float32."""
+    radius = min(radius, scores.numel())  # a window wider than the prefix is the whole prefix
+    padded = scores.float().reshape(1, 1, -1)
+    return F.max_pool1d(F.pad(padded, (radius, radius), value=float("-inf")), 2 * radius + 1, stride=1).reshape(-1)
 
 
 def _resolve(args: dict[str, Any], ctx: BindContext) -> dict[str, Any]:
@@ -79,6 +98,8 @@ SPEC = SelectorSpec(
         Param("share", "share", "share of the prefix to select", default=0.10),
         Param("layers", "int_list", "attention layers below the split to sum over", default=None),
         Param("query", "str", "which tokens ask: the last q, or the q before the tail", default="last", choices=QUERY_KINDS),
+        Param("pool", "int", "rows either side of a peak that share its score (0: none)", default=0, minimum=0,
+              maximum=1 << 20),
     ),
     resolve=_resolve,
     requirements=_requirements,

@@ -71,3 +71,34 @@ def test_requirement_validation():
     with pytest.raises(ValueError, match="q must be a positive integer"):
         AttentionRequirement((3,), "last", 0)
     assert len({AttentionRequirement((3,), "last", 64), AttentionRequirement((3,), "last", 64)}) == 1
+
+
+def test_pool_takes_the_neighbours_of_every_peak():
+    # One peak at row 10 of 20 and a weaker one at 3: without pooling the top 5 rows are scattered;
+    # with pool=2 every row within 2 of the peak scores the peak's attention, so the whole window comes first.
+    stats = torch.full((20,), 0.01)
+    stats[10], stats[3], stats[15] = 1.0, 0.5, 0.02
+    req = AttentionRequirement((3,), "last", 64)
+    x = inputs(list(range(24)), 20, attention={req: stats})
+    plain = attention_topk(x, q=64, share=0.25, layers=(3,), query="last", pool=0)
+    assert plain.tolist() == [10, 3, 15, 0, 1]
+    pooled = attention_topk(x, q=64, share=0.25, layers=(3,), query="last", pool=2)
+    assert pooled.tolist() == [8, 9, 10, 11, 12]
+    # The next five: the weaker peak's window (rows 1-5), cut by the budget at 10 rows.
+    assert attention_topk(x, q=64, share=0.5, layers=(3,), query="last", pool=2).tolist()[5:] == [1, 2, 3, 4, 5]
+    # Windows stop at the prefix's ends: a peak at row 0 brings rows 0..pool only.
+    edge = torch.zeros(20)
+    edge[0] = 1.0
+    x = inputs(list(range(24)), 20, attention={req: edge})
+    assert attention_topk(x, q=64, share=0.15, layers=(3,), query="last", pool=4).tolist()[:3] == [0, 1, 2]
+
+
+def test_pool_defaults_to_none_and_a_negative_pool_is_a_policy_error():
+    ctx = BindContext(arm="ridgefill", split=12, tail=64, num_layers=24, attention_layers=None)
+    assert SPEC.bind({}, ctx).kwargs["pool"] == 0
+    assert SPEC.bind({"pool": 8}, ctx).kwargs["pool"] == 8
+    from sgl_ridgefill.eval.arms import check_rows_select
+
+    check_rows_select("attention_topk(pool=8)", 12)
+    with pytest.raises(ValueError, match="argument pool of attention_topk.* must be between 0 and"):
+        check_rows_select("attention_topk(pool=-1)", 12)
