@@ -36,6 +36,7 @@ class RequestParams:
     seed: int = 0
     splice: str | None = None
     exact_rows: tuple[int, ...] | None = None
+    watch_rows: tuple[int, ...] | None = None
 
     @property
     def wants_exact(self) -> bool:

@@ -224,6 +224,10 @@ REQUEST_KEYS: tuple[RequestKey, ...] = (
     RowsKey(name="exact_rows", diagnostic=True, in_namespace=True, default_doc="off",
             doc="these prompt positions run exactly, instead of the policy's selection (an oracle for "
                 "`sgl-ridgefill eval`: the needle's own rows)"),
+    RowsKey(name="watch_rows", diagnostic=True, default_doc="off",
+            doc="changes nothing that runs: the response says how many of these prompt positions were in the "
+                "filled prefix (`watched`) and how many of those ran exactly (`watched_exact`); `sgl-ridgefill "
+                "eval` watches the needle's rows to see whether a selection found them"),
 )
 KEYS_BY_NAME: dict[str, RequestKey] = {k.name: k for k in REQUEST_KEYS}
 assert len(KEYS_BY_NAME) == len(REQUEST_KEYS), "duplicate request key"

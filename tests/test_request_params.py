@@ -59,16 +59,16 @@ def test_exact_wishes():
         ({"arm": "x" * 1000}, 'custom_params["ridgefill"]["arm"] must be one of ridgefill, identity, nofill, exact, '
                               "got '" + "x" * 78 + "…"),
         ({1: 2, "b": 3}, "custom_params[\"ridgefill\"] has unknown key(s) 'b', 1; known keys: arm, control, enabled, "
-                         "exact_every, exact_rows, policy, seed, splice, split, tail, value_rescale"),
+                         "exact_every, exact_rows, policy, seed, splice, split, tail, value_rescale, watch_rows"),
         ({f"k{i}": 0 for i in range(7)}, "custom_params[\"ridgefill\"] has unknown key(s) 'k0', 'k1', 'k2', 'k3', "
                                           "'k4' and 2 more; known keys: arm, control, enabled, exact_every, exact_rows, policy, "
-                                          "seed, splice, split, tail, value_rescale"),
+                                          "seed, splice, split, tail, value_rescale, watch_rows"),
         ({"split": "12"}, 'custom_params["ridgefill"]["split"] must be an integer, got \'12\''),
         ({"split": True}, 'custom_params["ridgefill"]["split"] must be an integer, got True'),
         ({"enabled": "no"}, 'custom_params["ridgefill"]["enabled"] must be true or false, got \'no\''),
         ({"control": "shuffle"}, 'custom_params["ridgefill"]["control"] must be one of none, random, got \'shuffle\''),
         ({"tial": 3}, "custom_params[\"ridgefill\"] has unknown key(s) 'tial'; known keys: arm, control, enabled, "
-                      "exact_every, exact_rows, policy, seed, splice, split, tail, value_rescale"),
+                      "exact_every, exact_rows, policy, seed, splice, split, tail, value_rescale, watch_rows"),
         ({"splice": "queries"}, 'custom_params["ridgefill"]["splice"] must be one of keys, values, both, key_norm, '
                                 "optionally followed by @FIRST-LAST upper layers (e.g. keys@13-17), got 'queries'"),
         (3, 'custom_params["ridgefill"] must be an object, a boolean or an arm name, got 3'),

@@ -31,7 +31,7 @@ def test_request_params_has_one_field_per_key_with_its_default():
 def test_the_declared_attributes():
     keys = schema.KEYS_BY_NAME
     assert [k.name for k in schema.REQUEST_KEYS if k.diagnostic] == [
-        "exact_every", "control", "seed", "splice", "exact_rows"]
+        "exact_every", "control", "seed", "splice", "exact_rows", "watch_rows"]
     assert keys["arm"].diagnostic_choices == {"identity", "nofill"} and not keys["arm"].diagnostic
     assert schema.namespace_fields() == (
         "arm", "split", "tail", "exact_every", "control", "value_rescale", "seed", "splice", "exact_rows",

@@ -68,7 +68,10 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
               _retrieval_diff_table(summary["retrieval_diffs"])]
     if summary.get("exact_rows"):
         parts += ["Exact prefix rows per filled-region request, as the server reported them (the two needle-row "
-                  "arms run the same number).", _exact_rows_table(summary["exact_rows"])]
+                  "arms run the same number), and how much of the needle they held: the mean share of the needle's "
+                  "own rows that ran exactly, the samples in which all of them did, and the mean score of those "
+                  "samples against the rest (a selection that misses the needle cannot fix it).",
+                  _exact_rows_table(summary["exact_rows"])]
     if summary.get("near_misses"):
         parts += ["## Wrong answers to numeric needles",
                   "Filled-region samples of the 7-digit needles, wrong answers read as near misses (at least "
@@ -183,8 +186,15 @@ def _retrieval_diff_table(rows: Sequence[Row]) -> str:
 
 
 def _exact_rows_table(rows: Sequence[Row]) -> str:
-    return table(("length", "arm", "requests", "mean", "min", "max"),
-                  [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"]) for r in rows])
+    def needle(r: Row) -> tuple[str, str, str]:
+        if not r.get("needle_watched"):
+            return NA, NA, NA
+        scores = " / ".join(NA if r[k] is None else f"{r[k]:.1f}" for k in ("score_whole", "score_partial"))
+        return f"{100 * r['needle_share']:.0f} %", f"{r['needle_whole']} / {r['needle_watched']}", scores
+
+    return table(("length", "arm", "requests", "mean", "min", "max", "needle rows exact", "whole needle exact",
+                  "score: whole / not"),
+                  [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"], *needle(r)) for r in rows])
 
 
 def _near_miss_table(rows: Sequence[Row]) -> str:

@@ -118,13 +118,31 @@ def paired_difference(a: Sequence[float], b: Sequence[float], strata: Sequence[s
 
 def exact_rows(needles: Sequence[Record]) -> list[dict[str, Any]]:
     """Exact prefix rows per filled-region request, as the server reported them (``meta_info["ridgefill"]``):
-    {length, arm, n, mean, min, max}, for the arms whose records carry them."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
+    {length, arm, n, mean, min, max}, for the arms whose records carry them; with the needle rows the server
+    watched (``needle_rows``, ``needle_rows_exact``), also how much of the needle ran exactly: ``needle_share``
+    (mean share of its rows), ``needle_whole`` of ``needle_watched`` samples with every row exact, and the mean
+    score of those (``score_whole``) and of the rest (``score_partial``); None where nothing was watched."""
+    groups: dict[tuple, list[Record]] = defaultdict(list)
     for r in needles:
         if r["region"] == "filled" and isinstance(r.get("exact_rows"), int):
-            groups[(r["length"], r["arm"])].append(r["exact_rows"])
-    return [{"length": length, "arm": arm, "n": len(v), "mean": float(np.mean(v)), "min": min(v), "max": max(v)}
-            for (length, arm), v in sorted(groups.items(), key=lambda kv: (kv[0][0], arm_sort_key(kv[0][1])))]
+            groups[(r["length"], r["arm"])].append(r)
+    out = []
+    for (length, arm), records in sorted(groups.items(), key=lambda kv: (kv[0][0], arm_sort_key(kv[0][1]))):
+        v = [r["exact_rows"] for r in records]
+        out.append({"length": length, "arm": arm, "n": len(v), "mean": float(np.mean(v)), "min": min(v), "max": max(v),
+                    **_needle_coverage(records)})
+    return out
+
+
+def _needle_coverage(records: Sequence[Record]) -> dict[str, Any]:
+    watched = [r for r in records if isinstance(r.get("needle_rows_exact"), int) and r.get("needle_rows", 0) > 0]
+    whole = [r for r in watched if r["needle_rows_exact"] == r["needle_rows"]]
+    partial = [r for r in watched if r["needle_rows_exact"] != r["needle_rows"]]
+    mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
+    return {"needle_watched": len(watched), "needle_whole": len(whole),
+            "needle_share": mean([r["needle_rows_exact"] / r["needle_rows"] for r in watched]),
+            "score_whole": mean([float(r["score"]) for r in whole]),
+            "score_partial": mean([float(r["score"]) for r in partial])}
 
 
 def sample_scores(needles: Sequence[Record]) -> list[dict[str, Any]]:

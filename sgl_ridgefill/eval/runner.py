@@ -154,11 +154,14 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
 
     custom = A.arm_params(arm, split=plan.split, tail=plan.tail, longtail=plan.longtail.get(sample.length),
                           seed=stable_seed(sample.id), needle_spans=sample.needle_spans)
+    if custom["ridgefill"].get("arm") not in (None, A.EXACT):  # did the fill arm's selection find the needle?
+        custom["ridgefill"]["watch_rows"] = A.needle_rows(sample.needle_spans)
     out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
     _check_ran(arm, sample.id, out)
     text = out.get("text", "")
     ran = (out.get("meta_info") or {}).get("ridgefill")
-    rows = {f"{k}_rows": ran[k] for k in ("exact", "filled") if isinstance(ran, dict) and isinstance(ran.get(k), int)}
+    reported = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
+    rows = {name: ran[k] for name, k in reported.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
     store.add({
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
         "sample": sample.id, "prompt_sha": prompt_sha(sample.input_ids), "arm": arm, "region": sample.region,

@@ -209,6 +209,7 @@ class Admitter:
                 maps_id=facts.maps_id,
                 splice=splice,
                 exact_rows=exact_rows,
+                watch_rows=params.watch_rows if params is not None else None,
                 context=context,
                 terminal_state=terminal,
             )

@@ -31,6 +31,7 @@ class RequestPlan:
     maps_id: str = ""
     splice: str | None = None  # diagnostic: "keys" | "values" | "both" | "key_norm", optionally "@first-last"
     exact_rows: tuple[int, ...] | None = None  # diagnostic: these positions exact instead of a selection
+    watch_rows: tuple[int, ...] | None = None  # diagnostic: report how many of these ran exactly
     context: bool = False  # a kv+context fill: needs the split states of every row before it (no cache hit)
     terminal_state: str | None = None  # hybrid models: offsets file of the terminal-state correction (None: off)
 

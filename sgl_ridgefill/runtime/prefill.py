@@ -185,6 +185,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         upper_steps=shape["steps"],
         saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
+    if plan.watch_rows is not None:
+        st.stats.update(selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
     if recurrence is not None and recurrence.rho:
         st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if plan.arm == "nofill":

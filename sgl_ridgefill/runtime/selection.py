@@ -124,3 +124,11 @@ def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any
     if st.exact_context > lo:  # PD: the decode worker holds these rows exactly; so must the tail here
         rows = torch.unique(torch.cat([rows, torch.arange(lo, min(st.exact_context, hi), dtype=torch.long)]))
     return rows
+
+
+def watched_rows(watch: tuple[int, ...], exact: torch.Tensor, lo: int, hi: int) -> dict[str, int]:
+    """What the ``watch_rows`` diagnostic reports: how many watched positions lie in the new prefix ``[lo, hi)``
+    (``watched``) and how many of those are among the ``exact`` rows (``watched_exact``)."""
+    rows = torch.tensor(watch, dtype=torch.long)
+    rows = rows[(rows >= lo) & (rows < hi)]
+    return {"watched": int(rows.numel()), "watched_exact": int(torch.isin(rows, exact.cpu()).sum())}

@@ -18,6 +18,7 @@ from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 pytestmark = pytest.mark.engine
 TAIL = 20
 N = 150
+WATCH = [3, 6, 8, 13, 15, 16, N - 1]  # watched by the exact_rows case: two of its every-7th rows, four filled, one in the tail
 
 
 def _scenario():
@@ -33,7 +34,7 @@ def _scenario():
         ("ridgefill", request(a, max_new_tokens=3), dict(ids=a)),
         ("identity", request(b, {"arm": "identity"}), dict(ids=b, arm="identity")),
         ("nofill", request(c, {"arm": "nofill"}, max_new_tokens=3), dict(ids=c, arm="nofill")),
-        ("exact_rows", request(d, {"exact_every": 7}), dict(ids=d, exact_rows=every_kth_row(7, 0, N - TAIL).tolist())),
+        ("exact_rows", request(d, {"exact_every": 7, "watch_rows": WATCH}), dict(ids=d, exact_rows=every_kth_row(7, 0, N - TAIL).tolist())),
         ("given_rows", request(d, {"exact_rows": [40, 3, 77, 129, 129, 140]}), dict(ids=d, exact_rows=[3, 40, 77, 129])),
         ("value_rescale", request(e, {"value_rescale": 8}), dict(ids=e, value_rescale=8)),
         ("long_tail", request(f, {"tail": 60}), dict(ids=f, tail=60)),
@@ -140,6 +141,13 @@ def test_every_response_says_what_ran(engine_run):
     assert (meta["ridgefill"]["prompt"], meta["ridgefill"]["tail"], meta["ridgefill"]["exact"]) == (N, TAIL, 0)
     assert meta["ridgefill"]["filled"] == N - TAIL
     assert meta["exact_rows"]["exact"] == exact_rows and meta["exact_rows"]["filled"] == N - TAIL - exact_rows
+    # watch_rows reports the watched rows of the filled prefix and those that ran exactly; the tail row is not counted
+    in_prefix = [p for p in WATCH if p < N - TAIL]
+    chosen = set(every_kth_row(7, 0, N - TAIL).tolist()) | {0}  # position 0, the sink, always runs exactly
+    assert (meta["exact_rows"]["watched"], meta["exact_rows"]["watched_exact"]) == (
+        len(in_prefix), sum(p in chosen for p in in_prefix))
+    assert 0 < meta["exact_rows"]["watched_exact"] < meta["exact_rows"]["watched"]
+    assert "watched" not in meta["ridgefill"]
     assert meta["identity"]["arm"] == "identity" and meta["nofill"]["filled"] == 0
     assert meta["batch[1]"] == {"ran": False, "reason": "the request asked for exact prefill"}
     assert meta["short_prompt"] == {"ran": False, "reason": f"the prompt (10 tokens) is not longer than the tail ({TAIL})"}

@@ -255,7 +255,7 @@ def test_bad_parameters_fail_before_any_request(frontend):
     assert str(info.value) == (
         "RidgeFillEndpoint(ridgefill={'arm': 'ridgefill', 'tial': 16}): custom_params[\"ridgefill\"] has unknown "
         "key(s) 'tial'; known keys: arm, control, enabled, exact_every, exact_rows, policy, seed, splice, split, tail, "
-        "value_rescale"
+        "value_rescale, watch_rows"
     )
     with pytest.raises(ValueError) as info:
         fe.RidgeFillEndpoint(unreachable, ridgefill=3)

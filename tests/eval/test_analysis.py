@@ -460,3 +460,17 @@ def test_the_needle_row_oracle_is_read():
                             "-3.1 [-8.3, -1.0]): the needles' own keys are the lever")
     assert "haystack's keys" in _oracle_reading({"diff": 0.0, "low": 0.0, "high": 0.0, "n": 96}, None, pts)
     assert "do not say" in _oracle_reading({"diff": 2.0, "low": -1.0, "high": 5.0, "n": 96}, None, pts)
+
+
+def test_needle_rows_the_selection_ran_exactly(tmp_path):
+    """Records carry the needle rows the server watched and how many of them ran exactly: the summary says
+    what share of the needle the selection found, in how many samples all of it, and the score either way."""
+    watched = [(4, 4, 100), (4, 4, 100), (4, 2, 0), (4, 0, 100)]
+    records = [{**_needle(4096, "t1", f"f{i}", "ridgefill+rows", "filled", s, 500 + 100 * i), "exact_rows": 30,
+                "needle_rows": w, "needle_rows_exact": e} for i, (w, e, s) in enumerate(watched)]
+    records += [_needle(4096, "t1", f"f{i}", "exact", "filled", 100, 500 + 100 * i) for i in range(4)]
+    (row,) = summarize(records, n_resamples=N_RESAMPLES)["exact_rows"]
+    assert (row["needle_share"], row["needle_whole"], row["needle_watched"]) == (0.625, 2, 4)
+    assert (row["score_whole"], row["score_partial"]) == (100.0, 50.0)
+    text = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t").read_text()
+    assert "| 4096 | ridgefill+rows | 4 | 30.0 | 30 | 30 | 62 % | 2 / 4 | 100.0 / 50.0 |" in text

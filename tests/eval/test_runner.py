@@ -220,3 +220,19 @@ def test_needle_records_carry_the_prompt_hash_and_the_rows_that_ran(tmp_path):
     run_needle(_Client("", None), store, sample, A.RIDGEFILL, plan)
     last = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
     assert "exact_rows" not in last and last["score"] == 0.0
+
+
+def test_fill_arms_watch_the_needle_rows_and_record_how_many_ran_exactly(tmp_path):
+    from sgl_ridgefill.eval.runner import EvalPlan, run_needle
+
+    plan = EvalPlan(split=2, tail=16, lengths=(64,), needle_arms=A.NEEDLE_ARMS, loss_arms=(), longtail={64: 20})
+    store = ResultStore(tmp_path / "results.jsonl")
+    client = _Client(" 1234567.", {"ran": True, "exact": 6, "filled": 42, "watched": 4, "watched_exact": 3})
+    sample = _sample()
+    for arm in (A.RIDGEFILL_ROWS, A.RIDGEFILL, A.EXACT):
+        run_needle(client, store, sample, arm, plan)
+    bodies = [b["sampling_params"]["custom_params"]["ridgefill"] for b in client.bodies]
+    assert [b.get("watch_rows") for b in bodies] == [[10, 11, 12, 13], [10, 11, 12, 13], None]
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r.get("needle_rows"), r.get("needle_rows_exact")) for r in records[:2]] == [
+        (A.RIDGEFILL_ROWS, 4, 3), (A.RIDGEFILL, 4, 3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ridgefill.runtime.selection import every_kth_row, query_window
+from sgl_ridgefill.runtime.selection import every_kth_row, query_window, watched_rows
 
 
 def test_every_kth_row_is_empty_when_the_range_is_shorter_than_k():
@@ -24,3 +24,11 @@ def test_query_windows_never_reach_below_the_cached_prefix():
     lo, hi = query_window("before_tail", 64, 1000, 900, start=950)
     assert hi <= lo  # the whole window was cached: no queries, an empty statistic
     assert torch.arange(lo, hi).numel() == 0
+
+
+def test_watched_rows_count_the_new_prefix_only():
+    exact = torch.tensor([0, 7, 14, 21])
+    # 3 is filled, 7 and 14 exact; 2 is below the cached start, 40 in the tail: neither is counted.
+    assert watched_rows((2, 3, 7, 14, 40), exact, 3, 30) == {"watched": 3, "watched_exact": 2}
+    assert watched_rows((), exact, 0, 30) == {"watched": 0, "watched_exact": 0}
+    assert watched_rows((5,), torch.empty(0, dtype=torch.long), 0, 30) == {"watched": 1, "watched_exact": 0}
