@@ -82,6 +82,10 @@ def test_run_definitions_name_their_maps_kind_and_split():
     lexical = group["qwen2.5-0.5b-kv-context-s12-lexical-q"]
     assert lexical.rows_select == results.LEXICAL_ROWS and kv.rows_select is None
     assert lexical.maps_name() == kv.maps_name()  # the same maps, another rows selection
+    pooled = {name: r for name, r in group.items() if r.rows_select == results.POOLED_ROWS}
+    assert set(pooled) == {"qwen2.5-0.5b-kv-context-s12-pooled-q", "qwen2.5-0.5b-residual-s12-pooled-q",
+                           "smollm2-135m-kv-context-s15-pooled-q", "qwen2.5-0.5b-kv-context-s12-pooled-fresh-q"}
+    assert "pool=8" in results.POOLED_ROWS and pooled["qwen2.5-0.5b-kv-context-s12-pooled-q"].maps_name() == kv.maps_name()
     import pytest
 
     with pytest.raises(ValueError, match="map kind 'linear' is not one of"):
@@ -93,8 +97,8 @@ def test_run_definitions_name_their_maps_kind_and_split():
 def test_list_prints_each_runs_commands(tmp_path, capsys):
     assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sgl_ridgefill.cli calibrate stats") == 9 and out.count("sgl_ridgefill.cli calibrate fit") == 9
-    assert out.count("--preset quality") == 9 and out.count("--rows-select") == 1
+    assert out.count("sgl_ridgefill.cli calibrate stats") == 13 and out.count("sgl_ridgefill.cli calibrate fit") == 13
+    assert out.count("--preset quality") == 13 and out.count("--rows-select") == 5
     assert "--splits 12,14,16" in out and "fit --stats" in out and "--kind kv+context" in out
     assert not (tmp_path / "maps").exists()
 
