@@ -31,6 +31,7 @@ EXPECTED = {
     "qwen3.8-flash-next-speed": (24, 2048, None, False, ()),
     "qwen3.8-flash-next-quality": (24, 2048, None, True, ()),
     "qwen2.5-0.5b-default": (12, 1024, None, False, ()),
+    "qwen2.5-0.5b-rows": (12, 1024, None, False, ROWS_3_7_11),
     "plain": (15, 1024, None, False, ()),
 }
 
@@ -73,3 +74,10 @@ def test_advice_on_shallow_splits_without_qk_norm():
     assert not compile_policy(load_policy(builtin_policy_path("llama-3.1-8b-rows")), maps=maps, model=model).warnings
     small, small_maps = deployment_for("qwen2.5-0.5b-default")
     assert not compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-default")), maps=small_maps, model=small).warnings
+
+
+def test_the_small_model_rows_policy_pools_its_attention():
+    model, maps = deployment_for("qwen2.5-0.5b-rows")
+    policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=maps, model=model)
+    (selector,) = policy.selection.selectors()
+    assert selector.kwargs["pool"] == 8 and selector.kwargs["share"] == 0.10
