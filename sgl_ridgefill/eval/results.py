@@ -115,6 +115,12 @@ _QUALITY_LEXICAL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+row
 POOLED_ROWS = "attention_topk(q=64, share=10%, layers=[3, 7, 11], pool=8)"
 _QUALITY_POOLED = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows",
                    "--loss-arms", "exact,ridgefill+rows", "--rows-select", POOLED_ROWS)
+# The question's attention finds needles; key tokens anywhere in the tail need what the whole tail attends to. Half
+# the budget may go to the rows the tail's 1,024 tokens attend to most, the rest to the question's.
+POOLED_TAIL_ROWS = ("attention_topk(q=64, share=10%, layers=[3, 7, 11], pool=8) budget 10% "
+                    "reserve attention_topk(q=1024, share=5%, layers=[3, 7, 11], pool=8) up to 5%")
+_QUALITY_POOLED_TAIL = ("--preset", "quality", "--needle-arms", "exact,ridgefill+rows",
+                        "--loss-arms", "exact,ridgefill+rows", "--rows-select", POOLED_TAIL_ROWS)
 # pool=8 was chosen by the attention the 96 prompts of the niah_single/niah_multikey grid give the needle rows;
 # the other two needle tasks (four needles to find, four values or four keys) are fresh prompts for it.
 _QUALITY_POOLED_FRESH = ("--preset", "quality", "--tasks", "niah_multivalue,niah_multiquery",
@@ -146,6 +152,8 @@ RUNS = (
         map_kind="kv+context", group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-kv-context-s12-pooled-fresh-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,),
         _QUALITY_POOLED_FRESH, map_kind="kv+context", group=CHOOSE_SPLIT),
+    Run("qwen2.5-0.5b-kv-context-s12-pooled-tail-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,),
+        _QUALITY_POOLED_TAIL, map_kind="kv+context", group=CHOOSE_SPLIT),
     Run("qwen2.5-0.5b-residual-s12-pooled-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY_POOLED,
         group=CHOOSE_SPLIT),
     # SmolLM2-135M at half depth: the paper's map finds no filled-region needle there; the context kind against it.

@@ -97,8 +97,8 @@ def test_run_definitions_name_their_maps_kind_and_split():
 def test_list_prints_each_runs_commands(tmp_path, capsys):
     assert results.main(["--runs-dir", str(tmp_path), "--only-group", results.CHOOSE_SPLIT, "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sgl_ridgefill.cli calibrate stats") == 13 and out.count("sgl_ridgefill.cli calibrate fit") == 13
-    assert out.count("--preset quality") == 13 and out.count("--rows-select") == 5
+    assert out.count("sgl_ridgefill.cli calibrate stats") == 14 and out.count("sgl_ridgefill.cli calibrate fit") == 14
+    assert out.count("--preset quality") == 14 and out.count("--rows-select") == 6
     assert "--splits 12,14,16" in out and "fit --stats" in out and "--kind kv+context" in out
     assert not (tmp_path / "maps").exists()
 
