@@ -31,7 +31,7 @@ EXPECTED = {
     "qwen3.8-flash-next-speed": (24, 2048, None, False, ()),
     "qwen3.8-flash-next-quality": (24, 2048, None, True, ()),
     "qwen2.5-0.5b-default": (12, 1024, None, False, ()),
-    "qwen2.5-0.5b-rows": (12, 1024, None, False, ROWS_3_7_11),
+    "qwen2.5-0.5b-rows": (12, 1024, None, False, ROWS_3_7_11 + (AttentionRequirement((3, 7, 11), "last", 1024),)),
     "plain": (15, 1024, None, False, ()),
 }
 
@@ -79,5 +79,5 @@ def test_advice_on_shallow_splits_without_qk_norm():
 def test_the_small_model_rows_policy_pools_its_attention():
     model, maps = deployment_for("qwen2.5-0.5b-rows")
     policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=maps, model=model)
-    (selector,) = policy.selection.selectors()
-    assert selector.kwargs["pool"] == 8 and selector.kwargs["share"] == 0.10
+    question, tail = policy.selection.selectors()
+    assert [(s.kwargs["q"], s.kwargs["share"], s.kwargs["pool"]) for s in (question, tail)] == [(64, 0.10, 8), (1024, 0.05, 8)]
