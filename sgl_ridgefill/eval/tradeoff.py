@@ -79,9 +79,18 @@ def tradeoff_rows(planned: Sequence[PlannedRun], *, n_resamples: int = 5000) -> 
                                "reference": references[run.model].name,
                                "status": NOT_RUN}
         if summary is not None:
-            row.update(_measured(run, summary, summaries.get(references[run.model].name), n_resamples))
+            reference = summaries.get(references[run.model].name)
+            row.update(_measured(run, summary, reference, n_resamples))
+            row["other_tasks"] = _other_tasks(summary, reference)
         rows.append(row)
     return rows
+
+
+def _other_tasks(summary: Mapping[str, Any], reference: Mapping[str, Any] | None) -> tuple[str, ...] | None:
+    """The run's needle tasks where they are not the reference run's (its samples are other prompts), else None."""
+    tasks = (summary.get("meta") or {}).get("tasks")
+    theirs = ((reference or {}).get("meta") or {}).get("tasks")
+    return tuple(tasks) if tasks and theirs and set(tasks) != set(theirs) else None
 
 
 def _load(run: PlannedRun) -> dict[str, Any] | None:
@@ -157,7 +166,8 @@ def _scores(summary: Mapping[str, Any], length: int, arm: str) -> dict[tuple, tu
 
 
 TEXT = (
-    "Runs that differ only by split, map kind and rows, on the same prompts. Retrieval: mean score (0-100) of the "
+    "Runs that differ only by split, map kind and rows, on the same prompts (a run of other needle tasks names "
+    "them beside its sample count). Retrieval: mean score (0-100) of the "
     "samples whose needle lies in the filled prefix, 95% BCa interval; RidgeFill+rows also runs the rows of the "
     f"rows column exactly ({DEFAULT_ROWS}: {ROWS_SHARE} % of the prefix by attention from the last 64 tokens; "
     "otherwise the run's `--rows-select`). \"− exact\": the difference from exact on the same samples. "
@@ -185,7 +195,7 @@ def tradeoff_table(rows: Sequence[Row]) -> str:
             continue
         retrieval, vs_exact = r["retrieval"], r["vs_exact"]
         out.append((
-            r["model"], r["map_kind"], r["split"], r["length"], r["rows"], NA if r["n"] is None else r["n"],
+            r["model"], r["map_kind"], r["split"], r["length"], r["rows"], _samples(r),
             *(_cell(retrieval.get(arm), "mean", score) for arm in ARMS),
             *(_cell(vs_exact.get(arm), "diff", pts) for arm in (RIDGEFILL, RIDGEFILL_ROWS)),
             _reference_cell(r, pts), _cell(r["key_excess"], "diff", nat), _cell(r["key_excess_rows"], "diff", nat),
@@ -193,6 +203,12 @@ def tradeoff_table(rows: Sequence[Row]) -> str:
             _speed(r["speed"]), _speed(r["speed_rows"]),
         ))
     return table(header, out)
+
+
+def _samples(row: Row) -> str:
+    """Filled samples, with the needle tasks where they are not the reference run's."""
+    n = NA if row["n"] is None else str(row["n"])
+    return f"{n} ({', '.join(row['other_tasks'])})" if row.get("other_tasks") else n
 
 
 def _cell(row: Row | None, key: str, fmt) -> str:

@@ -137,3 +137,19 @@ def test_key_token_excess_with_and_without_rows(tmp_path):
     (folder / "summary.json").write_text(json.dumps(summary))
     (row,) = tradeoff_rows([PlannedRun("kvc12", "qwen", "kv+context", 12, 4096, folder)], n_resamples=N_RESAMPLES)
     assert (row["key_excess"]["diff"], row["key_excess_rows"]["diff"]) == (0.889, 0.512)
+
+
+def test_a_run_of_other_needle_tasks_names_them(tmp_path):
+    """The table compares runs on the same prompts; a run of other tasks says which, beside its sample count."""
+    scores = {"exact": [100] * 4, "ridgefill+rows": [100] * 4}
+    _write(tmp_path / "ref", [{**_meta(12), "tasks": ["niah_single", "niah_multikey"]}, *_needles(scores)])
+    _write(tmp_path / "fresh", [{**_meta(12), "tasks": ["niah_multivalue", "niah_multiquery"]},
+                                *_needles(scores, sha=lambda i: f"q{i}")])
+    planned = [PlannedRun("ref", "qwen", "residual", 12, 4096, tmp_path / "ref"),
+               PlannedRun("fresh", "qwen", "residual", 12, 4096, tmp_path / "fresh")]
+    rows = {r["name"]: r for r in tradeoff_rows(planned, n_resamples=N_RESAMPLES)}
+    assert rows["ref"]["other_tasks"] is None and rows["fresh"]["other_tasks"] == ("niah_multivalue", "niah_multiquery")
+    from sgl_ridgefill.eval.tradeoff import tradeoff_table
+
+    text = tradeoff_table(list(rows.values()))
+    assert "| 4 (niah_multivalue, niah_multiquery) |" in text and "| 4 |" in text
