@@ -93,7 +93,7 @@ def test_pool_takes_the_neighbours_of_every_peak():
     assert attention_topk(x, q=64, share=0.15, layers=(3,), query="last", pool=4).tolist()[:3] == [0, 1, 2]
 
 
-def test_pool_defaults_to_none_and_a_negative_pool_is_a_policy_error():
+def test_pool_defaults_to_zero_and_a_negative_pool_is_a_policy_error():
     ctx = BindContext(arm="ridgefill", split=12, tail=64, num_layers=24, attention_layers=None)
     assert SPEC.bind({}, ctx).kwargs["pool"] == 0
     assert SPEC.bind({"pool": 8}, ctx).kwargs["pool"] == 8
