@@ -149,6 +149,10 @@ def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[A
                 yield sample, arm
 
 
+# A needle record's row counts and the meta_info["ridgefill"] keys the server reports them under.
+_REPORTED_ROWS = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
+
+
 def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
     from .needles import string_match_all
 
@@ -160,8 +164,7 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
     _check_ran(arm, sample.id, out)
     text = out.get("text", "")
     ran = (out.get("meta_info") or {}).get("ridgefill")
-    reported = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
-    rows = {name: ran[k] for name, k in reported.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
+    rows = {name: ran[k] for name, k in _REPORTED_ROWS.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
     store.add({
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
         "sample": sample.id, "prompt_sha": prompt_sha(sample.input_ids), "arm": arm, "region": sample.region,

@@ -79,9 +79,7 @@ def tradeoff_rows(planned: Sequence[PlannedRun], *, n_resamples: int = 5000) -> 
                                "reference": references[run.model].name,
                                "status": NOT_RUN}
         if summary is not None:
-            reference = summaries.get(references[run.model].name)
-            row.update(_measured(run, summary, reference, n_resamples))
-            row["other_tasks"] = _other_tasks(summary, reference)
+            row.update(_measured(run, summary, summaries.get(references[run.model].name), n_resamples))
         rows.append(row)
     return rows
 
@@ -127,6 +125,7 @@ def _measured(run: PlannedRun, summary: Mapping[str, Any], reference: Mapping[st
         "by_haystack": by_haystack, "vs_exact": vs_exact, "key_excess": key, "key_excess_rows": key_rows,
         "speed": speed, "speed_rows": speed_rows,
         "fill_flops": meta.get("fill_flops_per_row"),
+        "other_tasks": _other_tasks(summary, reference),
         "vs_reference": None if reference is None or reference is summary else
         cross_run_difference(summary, reference, run.length, RIDGEFILL, n_resamples=n_resamples),
     }

@@ -165,7 +165,6 @@ def test_cli_split_from_maps_manifest(model_dir, tmp_path):
     assert kv["summary"][0]["flop_bound"] > report["summary"][0]["flop_bound"]  # the kv map fills for less
 
 
-
 def test_cli_refuses_an_unknown_map_kind_before_any_request(model_dir, tmp_path, capsys):
     maps = tmp_path / "maps"
     maps.mkdir()
