@@ -19,8 +19,9 @@ SERVER: dict[str, str] = {s.name: s.env for s in SETTINGS}  # setting name -> va
 PREFILL_BACKEND = SERVER["prefill_backend"]  # "default" | "ridgefill"
 ALLOW_VERSION_MISMATCH = PREFIX + "ALLOW_SGLANG_VERSION_MISMATCH"
 CACHE_DIR = PREFIX + "CACHE_DIR"  # models, corpora
+CENSUS = PREFIX + "CENSUS"  # a file: the host census of every RidgeFill request (gpu-check --tier host)
 
-ALL = (*SERVER.values(), ALLOW_VERSION_MISMATCH, CACHE_DIR)
+ALL = (*SERVER.values(), ALLOW_VERSION_MISMATCH, CACHE_DIR, CENSUS)
 
 
 def get(name: str, default: str | None = None) -> str | None:

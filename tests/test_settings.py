@@ -62,7 +62,7 @@ def test_names_follow_the_settings():
 
 def test_envs_holds_every_setting_variable():
     assert envs.SERVER == {s.name: s.env for s in SETTINGS}
-    assert set(envs.ALL) == {s.env for s in SETTINGS} | {envs.ALLOW_VERSION_MISMATCH, envs.CACHE_DIR}
+    assert set(envs.ALL) == {s.env for s in SETTINGS} | {envs.ALLOW_VERSION_MISMATCH, envs.CACHE_DIR, envs.CENSUS}
     assert envs.PREFILL_BACKEND == "RIDGEFILL_PREFILL_BACKEND"
 
 

@@ -5,14 +5,14 @@ RidgeFill sub-pass instead runs *row queries*: rows of one request at arbitrary 
 rows scattered through the prefix, plus the tail), each attending causally **by position**, optionally
 only to *visible keys* (a bool mask over the request's context: the ``nofill`` arm, whose upper layers
 hold nothing for filled rows, and the probe, which runs before the rest of the tail exists there). The
-runtime describes the rows as virtual extend requests (``planner.VirtualRequests``) and sets a
-:class:`RowQueries` scope around ``init_forward_metadata`` and the layer calls of the sub-pass; a backend
-that supports row queries plans its metadata from the scope (``ridgefill_row_queries = True``).
+runtime plans the rows in steps (``steps.Step``: groups of scattered rows, then runs), and per step asks
+the backend once to prepare its metadata (:meth:`RowQueryBackend.ridgefill_prepare`); for every upper
+layer it activates that metadata (:meth:`RowQueryBackend.ridgefill_activate`, host-only) inside a
+:class:`RowQueries` scope around the layer call.
 
 Capabilities, class attributes of an attention backend:
 
-- ``ridgefill_row_queries``: plans extends from a :class:`RowQueries` scope (runs and visible keys);
-- ``ridgefill_groups``: also plans *groups* (several scattered rows in one virtual request, custom mask);
+- ``ridgefill_row_queries``: runs :class:`RowQueries` steps, groups and runs (:class:`RowQueryBackend`);
 - ``ridgefill_visible_keys``: plans visible-key masks (the nofill arm, the probe);
 - ``ridgefill_hidden_keys``: decode steps skip the keys a finished nofill request hides
   (``sgl_ridgefill.runtime.state.LIVE.hidden_keys``);
@@ -26,15 +26,14 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from .planner import VirtualRequests
+    from .steps import Step
 
 ROW_QUERIES = "ridgefill_row_queries"
-GROUPS = "ridgefill_groups"
 VISIBLE_KEYS = "ridgefill_visible_keys"
 HIDDEN_KEYS = "ridgefill_hidden_keys"
 HIDDEN_KEYS_IN_EXTEND = "ridgefill_hidden_keys_in_extend"
@@ -42,16 +41,29 @@ HIDDEN_KEYS_IN_EXTEND = "ridgefill_hidden_keys_in_extend"
 
 @dataclass(frozen=True)
 class RowQueries:
-    """The rows of one sub-pass over one request.
+    """The rows of one step of a sub-pass over one request.
 
-    ``plan``: how the rows split into virtual requests (their query positions ascending);
+    ``step``: how the rows split into groups and runs (their query positions ascending);
     ``slots``: ``[seq_len]`` pool index of every position of the request's context (device);
-    ``visible``: ``[seq_len]`` bool (device) or ``None`` (every key visible).
+    ``visible``: ``[seq_len]`` bool (device) or ``None`` (every key visible); ``visible_host``: the same on
+    the host (the plans read it there).
     """
 
-    plan: VirtualRequests
+    step: Step
     slots: torch.Tensor
     visible: torch.Tensor | None = None
+    visible_host: torch.Tensor | None = None
+
+
+class RowQueryBackend(Protocol):
+    """What a backend with ``ridgefill_row_queries`` implements besides SGLang's interface."""
+
+    def ridgefill_prepare(self, scope: RowQueries, sub_batch: Any) -> Any:
+        """Build the attention metadata of one step (``sub_batch``: its virtual requests as a ForwardBatch),
+        once; the result is handed back to :meth:`ridgefill_activate` for every layer of the step."""
+
+    def ridgefill_activate(self, prepared: Any) -> None:
+        """Make ``prepared`` the metadata of the next attention calls (host only: no device work)."""
 
 
 _SCOPE: contextvars.ContextVar[RowQueries | None] = contextvars.ContextVar("ridgefill_row_queries", default=None)
@@ -71,14 +83,26 @@ def current_row_queries() -> RowQueries | None:
     return _SCOPE.get()
 
 
+def _part(backend: Any, name: str) -> Any:
+    """``backend.<name>`` when it is a backend of its own (SGLang's FlashInfer backend keeps a kernel name,
+    ``"fa2"``, in ``prefill_backend``), else ``backend``."""
+    part = getattr(backend, name, None)
+    return part if part is not None and hasattr(part, "init_forward_metadata") else backend
+
+
+def row_query_backend(backend: Any) -> Any:
+    """The backend that runs a sub-pass's softmax attention: for SGLang's linear-attention hybrid backend its
+    ``full_attn_backend``, for a split prefill/decode backend its ``prefill_backend``."""
+    return _part(_part(backend, "full_attn_backend"), "prefill_backend")
+
+
 def capability(backend: Any, name: str) -> bool:
     """Whether ``backend`` (or, for SGLang's hybrid backend, the part that runs the phase) declares ``name``.
 
     SGLang's linear-attention hybrid backend (Gated DeltaNet models) sends softmax-attention layers to its
     ``full_attn_backend``, which is the one that answers."""
-    backend = getattr(backend, "full_attn_backend", backend)
     if name == HIDDEN_KEYS:
-        backend = getattr(backend, "decode_backend", backend)
+        backend = _part(_part(backend, "full_attn_backend"), "decode_backend")
     else:
-        backend = getattr(backend, "prefill_backend", backend)
+        backend = row_query_backend(backend)
     return bool(getattr(backend, name, False))

@@ -34,11 +34,17 @@ MIN_RUN = 32
 
 
 class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
-    ridgefill_row_queries = True
+    ridgefill_row_queries = True  # masks by position: groups and runs of one request in one call
     ridgefill_visible_keys = True
-    ridgefill_groups = True  # masks by position: any rows of one request in one call
     ridgefill_hidden_keys = True
     ridgefill_hidden_keys_in_extend = True
+
+    def ridgefill_prepare(self, scope, sub_batch) -> None:
+        """Nothing to plan: the extend reads the step's positions and visible keys from the scope."""
+        return None
+
+    def ridgefill_activate(self, prepared) -> None:
+        return None
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if (
@@ -59,7 +65,8 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
         scope = current_row_queries()
         if scope is not None:
             # Every row of the sub-pass belongs to one request: one call over its context.
-            self._attend_rows(q_, o_, scope.slots, forward_batch.positions, scope.visible, layer)
+            self._attend_rows(q_, o_, scope.slots, forward_batch.positions, scope.visible, layer,
+                              pos_cpu=scope.step.positions.tolist())
             return o
         req_to_token = self.req_to_token_pool.req_to_token
         seq_lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.cpu()
@@ -99,10 +106,12 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
         loc = KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc, physical=forward_batch.out_cache_loc_is_physical)
         self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
 
-    def _attend_rows(self, q, out, slots, positions, visible, layer) -> None:
+    def _attend_rows(self, q, out, slots, positions, visible, layer, pos_cpu: list[int] | None = None) -> None:
         """``q``/``out``: ``[n, heads, d]``; ``slots``: ``[seq_len]`` KV slots of the request's context;
-        ``positions``: ``[n]`` query positions (ascending); ``visible``: ``[seq_len]`` bool or None."""
-        pos_cpu = positions.tolist()
+        ``positions``: ``[n]`` query positions (ascending), ``pos_cpu`` the same as host ints (read from
+        ``positions`` when not given); ``visible``: ``[seq_len]`` bool or None."""
+        if pos_cpu is None:
+            pos_cpu = positions.tolist()
         for lo, hi, whole in _segments(pos_cpu, all_visible=visible is None):
             if whole:
                 self._attend_run(q[lo:hi], out[lo:hi], slots, pos_cpu[lo], layer)

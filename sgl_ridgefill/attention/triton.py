@@ -1,14 +1,10 @@
 """RidgeFill on SGLang's Triton attention backend (``--attention-backend triton``).
 
-Under a :class:`~sgl_ridgefill.attention.contract.RowQueries` scope, ``init_forward_metadata`` plans the
-sub-pass's virtual requests itself (``planner.triton_extend_args``): runs of consecutive rows read their
-visible prefix from the pool and themselves causally, exactly SGLang's extend; groups of scattered rows
-read every visible key up to their last row from the pool (their own K/V is written before attention)
-under a custom mask ``key_pos <= q_pos``. One launch takes a custom mask for all its requests or for
-none, so in a plan with groups every request reads its keys from the pool under the mask. Without a
-scope, everything is SGLang's.
+A sub-pass step (``rowquery.py``) runs its groups through SGLang's Triton extend kernel under a device-built
+mask and its runs as SGLang's own extend: each run reads its visible prefix from the pool and itself
+causally (``metadata.triton_run_args``), with no mask. Outside a step, everything is SGLang's.
 
-Decode steps of a finished nofill request read compacted key lists (``planner.decode_kv_lists``) in the
+Decode steps of a finished nofill request read compacted key lists (``metadata.decode_kv_lists``) in the
 layers whose filled rows hold nothing; everything else is the stock decode.
 
 The subclass holds no state of its own beyond what it plans per forward, so ``patches.py`` turns the
@@ -19,32 +15,24 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
-from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from ..runtime.state import LIVE
-from .contract import current_row_queries
-from .planner import decode_kv_lists, triton_extend_args
+from .metadata import RUN_ARGS, decode_kv_lists
+from .rowquery import RowQueryExtend
 
 
-class RidgeFillTritonBackend(TritonAttnBackend):
-    ridgefill_row_queries = True
+class RidgeFillTritonBackend(RowQueryExtend, TritonAttnBackend):
     ridgefill_visible_keys = True
-    ridgefill_groups = True
     ridgefill_hidden_keys = True
 
-    # ------------------------------------------------------------------ extend
     def init_forward_metadata(self, forward_batch):
-        self._rf_masked = None
         self._rf_decode = None
-        scope = current_row_queries()
-        if scope is None or not forward_batch.forward_mode.is_extend():
-            return super().init_forward_metadata(forward_batch)
-        args = triton_extend_args(scope.plan, scope.slots)
-        self.forward_metadata = ForwardMetadata(
+        return super().init_forward_metadata(forward_batch)
+
+    def _rf_prepare_runs(self, runs, scope, sub_batch) -> ForwardMetadata:
+        args = RUN_ARGS["triton"](runs, scope.slots)
+        return ForwardMetadata(
             attn_logits=None,
             attn_lse=None,
             max_extend_len=int(args.max_extend_len),
@@ -52,33 +40,13 @@ class RidgeFillTritonBackend(TritonAttnBackend):
             kv_indptr=args.kv_indptr,
             kv_indices=args.kv_indices,
             qo_indptr=args.qo_indptr,
-            custom_mask=args.custom_mask,
-            mask_indptr=args.mask_indptr,
+            custom_mask=None,
+            mask_indptr=None,
             window_kv_indptr=self.window_kv_indptr,
             window_kv_indices=None,
             window_num_kv_splits=None,
             window_kv_offsets=None,
         )
-        if args.custom_mask is not None:
-            self._rf_masked = args  # SGLang's forward_extend launches without the mask flags: ours does
-
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        args = getattr(self, "_rf_masked", None)
-        if args is None or current_row_queries() is None:
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-        # Groups read their own rows from the pool: every row's K/V is written first.
-        if save_kv_cache:
-            self._set_kv_buffer(forward_batch, layer, KVWriteLoc.for_batch(forward_batch), k, v)
-        heads, dv = layer.tp_q_head_num, layer.v_head_dim
-        o = q.new_empty((q.shape[0], heads, dv))
-        extend_attention_fwd(
-            q.view(-1, heads, layer.qk_head_dim), k.contiguous(), v.contiguous(), o,
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id), self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            args.qo_indptr, args.kv_indptr, args.kv_indices, args.custom_mask, True, args.mask_indptr,
-            args.max_extend_len, 1.0, 1.0, layer.scaling,
-            skip_prefix_custom_mask=args.skip_prefix_custom_mask, skip_extend=args.skip_extend, page_size=self.page_size,
-        )
-        return o.view(-1, heads * dv)
 
     # ------------------------------------------------------------------ decode
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -95,23 +63,43 @@ class RidgeFillTritonBackend(TritonAttnBackend):
 
     def _decode_metadata(self, forward_batch, layer_id: int) -> ForwardMetadata:
         """The decode metadata with compacted key lists for the requests that hide keys at ``layer_id``
-        (cached per forward: every upper layer of one split shares them)."""
+        (cached per forward: every upper layer of one split shares them). Reads the lengths and request rows on
+        the host (the batch's host copies, else each request's ``Req``), so building it does not wait for the
+        device unless a request of the batch is neither (then one read of its rows)."""
         hidden = tuple(LIVE.hidden_keys(rid, layer_id) is not None for rid in forward_batch.rids)
         cached = getattr(self, "_rf_decode", None)
         if cached is not None and cached[0] is forward_batch and cached[1] == hidden:
             return cached[2]
         req_to_token = self.req_to_token_pool.req_to_token
+        seq_lens = _host(forward_batch.seq_lens_cpu, forward_batch.seq_lens)
+        req_rows = _request_rows(forward_batch)
         rows, visible = [], []
-        for i, seq_len in enumerate(forward_batch.seq_lens.tolist()):
-            rows.append(req_to_token[forward_batch.req_pool_indices[i], :seq_len])
+        for i, seq_len in enumerate(seq_lens):
+            rows.append(req_to_token[req_rows[i], :seq_len])
             keys = LIVE.hidden_keys(forward_batch.rids[i], layer_id)
             if keys is None:
                 visible.append(None)
                 continue
-            mask = torch.ones(seq_len, dtype=torch.bool)
-            mask[: keys.numel()] &= ~keys.cpu()
+            mask = (~keys).new_ones(seq_len)
+            mask[: keys.numel()] &= ~keys
             visible.append(mask)
         kv_indptr, kv_indices = decode_kv_lists(rows, visible)
         meta = dataclasses.replace(self.forward_metadata, kv_indptr=kv_indptr, kv_indices=kv_indices)
         self._rf_decode = (forward_batch, hidden, meta)
         return meta
+
+
+def _host(host_copy, device_tensor) -> list[int]:
+    """A batch field as host ints: its host copy where SGLang keeps one, else read from the device."""
+    return (host_copy if host_copy is not None else device_tensor).tolist()
+
+
+def _request_rows(forward_batch) -> list[int]:
+    """The batch's rows of SGLang's request-to-token table on the host: its host copy (extend batches), else
+    each request's ``Req`` (decode batches; RidgeFill knows the ``Req`` of its own requests), else read."""
+    if forward_batch.req_pool_indices_cpu is not None:
+        return forward_batch.req_pool_indices_cpu.tolist()
+    reqs = [LIVE.req(rid) for rid in forward_batch.rids]
+    if all(req is not None and getattr(req, "req_pool_idx", None) is not None for req in reqs):
+        return [int(req.req_pool_idx) for req in reqs]
+    return forward_batch.req_pool_indices.tolist()

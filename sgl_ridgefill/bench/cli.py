@@ -1,15 +1,20 @@
 """``sgl-ridgefill bench``: TTFT of exact against RidgeFill prefill on one running server.
 
     sgl-ridgefill bench --url http://127.0.0.1:30000 --lengths 2048,4096,8192 --pairs 3 --out DIR
-        [--model-path DIR] [--split S | --ridgefill-maps DIR] [--tail T] [--exact-fraction F]
-        [--rf-params JSON] [--warmup N] [--seed N] [--stream] [--no-flush] [--timeout S]
-        [--server-pid PID]
-    sgl-ridgefill bench --serve MODEL --ridgefill-maps DIR [--dtype auto|bfloat16|float32] ...
-        --out 'docs/bench/{capability}-{dtype}'
+        [--model-path DIR] [--split S | --ridgefill-maps DIR] [--tail T] [--ridgefill-policy NAME_OR_FILE]
+        [--exact-fraction F] [--rf-params JSON] [--warmup N] [--seed N] [--stream] [--no-flush]
+        [--timeout S] [--server-pid PID]
+    sgl-ridgefill bench --serve MODEL --ridgefill-maps DIR [--ridgefill-policy NAME_OR_FILE]
+        [--dtype auto|bfloat16|float32] ... --out 'docs/bench/{capability}-{dtype}'
 
 The server must run ``--prefill-backend ridgefill`` (requests switch per request); ``--serve`` starts one on
-this CPU (``sgl_ridgefill.cpu.launch_server``) and stops it at the end. Prints one line per length and writes
-``DIR/bench.json`` (with the machine: CPU model, capability, native bfloat16, dtype, threads; and the
+this CPU (``sgl_ridgefill.cpu.launch_server``) and stops it at the end. With ``--ridgefill-policy`` the
+RidgeFill arm runs that policy (``--serve`` starts the server with it; against ``--url`` a shipped policy is
+asked for per request, which the server must allow with ``--ridgefill-request-policies``), its split and tail
+feed the bounds, and a policy that selects exact rows is measured beside the bare fill (the same split and
+tail, the shipped policy ``plain``) as a third arm; the FLOP-counted bound of each arm counts the exact rows
+its responses report and, for the policy, what its selection costs. Prints one line per length and arm and
+writes ``DIR/bench.json`` (with the machine: CPU model, capability, native bfloat16, dtype, threads; and the
 command) and ``DIR/bench.png``; ``{capability}`` and ``{dtype}`` in ``--out`` become the measured ones
 (``avx512``, ``bfloat16``). User errors print one line and exit 1.
 """
@@ -73,7 +78,11 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model-path", type=pathlib.Path, default=None, help="HF folder for the model's shape (default: the server's model_path)")
     p.add_argument("--ridgefill-maps", type=pathlib.Path, default=None, help="maps folder: its default split feeds the bounds")
     p.add_argument("--split", type=int, default=None, help=f"split layer for the bounds (default: the maps' default split, else {DEFAULT_SPLIT})")
-    p.add_argument("--tail", type=int, default=DEFAULT_TAIL, help=f"tail length for the bounds (default {DEFAULT_TAIL})")
+    p.add_argument("--tail", type=int, default=None,
+                   help=f"tail length for the bounds (default: the policy's, else {DEFAULT_TAIL})")
+    p.add_argument("--ridgefill-policy", default=None, metavar="NAME_OR_FILE",
+                   help="the RidgeFill arm's policy (a shipped name or a .rfpolicy file); with exact rows it is measured "
+                   "beside the bare fill")
     p.add_argument("--exact-fraction", type=float, default=0.0, help="share of prefix rows the server's policy computes exactly (bounds only; default 0)")
     p.add_argument("--rf-params", type=_json_object, default={}, help='custom_params["ridgefill"] of the RidgeFill arm (default {}: the server\'s settings)')
     p.add_argument("--warmup", type=int, default=1, help="untimed pairs before measuring (default 1)")
@@ -135,6 +144,40 @@ def resolve_split(split: int | None, maps: pathlib.Path | None) -> int:
     return DEFAULT_SPLIT
 
 
+def load_bench_policy(name: str | None, dims: ModelDims):
+    """The compiled ``--ridgefill-policy`` for a model of ``dims``'s layers (``None`` without one)."""
+    if name is None:
+        return None
+    from ..policy import ModelInfo, compile_policy, load_policy, resolve_policy_path
+    from ..policy.errors import PolicyError
+
+    kinds = dims.kinds()
+    model = ModelInfo(num_layers=dims.num_layers, attention_layers=tuple(i for i, k in enumerate(kinds) if k == "attention"),
+                      recurrent_layers=tuple(i for i, k in enumerate(kinds) if k != "attention"))
+    try:
+        return compile_policy(load_policy(resolve_policy_path(name)), model=model, defer_split=True)
+    except (PolicyError, FileNotFoundError) as e:
+        raise ValueError(f"--ridgefill-policy {name}: {e}") from None
+
+
+def selector_flops(policy, dims: ModelDims, length: int, split: int, tail: int) -> float:
+    """What the policy's selection costs at ``length`` tokens: each attention requirement's scores of its query
+    rows against every key in its layers, twice (the statistics kernel's two passes); each probe's rows
+    through the upper layers (projections, MLP and attention over the prompt)."""
+    from ..selectors.base import AttentionRequirement, ProbeRequirement
+    from .bounds import attention_selector_flops
+
+    total = 0.0
+    for req in getattr(policy, "requirements", ()):
+        if isinstance(req, AttentionRequirement):
+            total += 2 * attention_selector_flops(dims, length, len([l for l in req.layers if l < split]), req.q)
+        elif isinstance(req, ProbeRequirement):
+            rows = min(req.rows, tail, length)
+            upper = dims.num_layers - split
+            total += rows * upper * (2 * dims.layer_params + 4 * dims.head_dim * dims.num_heads * length)
+    return total
+
+
 def run(args: argparse.Namespace) -> int:
     if args.serve is None:
         return _measure(args, args.url, server_pid=args.server_pid, served=None)
@@ -158,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
     longest = max(args.lengths)
     flags = ridgefill_server_flags(model_dir, dtype.dtype, args.ridgefill_maps, tail=args.tail, longest=longest,
                                    split=args.split)
+    if args.ridgefill_policy is not None:
+        # The server runs the policy; the bare-fill arm asks for the shipped policy "plain" per request.
+        flags += ["--ridgefill-policy", args.ridgefill_policy, "--ridgefill-request-policies", "plain"]
     if not _has_tokenizer(model_dir):  # a random-weight folder (bench/synthetic.py): the bench sends token ids
         flags += ["--skip-tokenizer-init"]
     started: list = []
@@ -187,11 +233,21 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
         client = BenchClient(url, timeout=args.timeout)
         info = client.model_info()
         dims, dims_source = resolve_dims(args.model_path, info)
+        policy = load_bench_policy(args.ridgefill_policy, dims)
+        split = args.split or getattr(policy, "split", None) or resolve_split(None, args.ridgefill_maps)
+        tail = args.tail or getattr(policy, "tail", None) or DEFAULT_TAIL
+        rf_params, bare = dict(args.rf_params), None
+        if policy is not None:
+            if served is None and "policy" not in rf_params and not pathlib.Path(args.ridgefill_policy).exists():
+                rf_params["policy"] = args.ridgefill_policy  # a shipped policy, asked for per request
+            if policy.has_selection():
+                bare = {"policy": "plain", "split": split, "tail": tail}
         config = BenchConfig(
-            lengths=tuple(args.lengths), vocab_size=dims.vocab_size, pairs=args.pairs,
-            split=resolve_split(args.split, args.ridgefill_maps), tail=args.tail,
-            exact_fraction=args.exact_fraction, rf_params=args.rf_params, seed=args.seed,
+            lengths=tuple(args.lengths), vocab_size=dims.vocab_size, pairs=args.pairs, split=split, tail=tail,
+            exact_fraction=args.exact_fraction, rf_params=rf_params, seed=args.seed,
             warmup=args.warmup, flush=args.flush, stream=args.stream, map_kind=resolve_map_kind(args.ridgefill_maps),
+            bare_params=bare, policy=args.ridgefill_policy,
+            selector_flops={n: selector_flops(policy, dims, n, split, tail) for n in args.lengths} if policy else {},
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent
@@ -253,10 +309,13 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--url", args.url]
     if args.ridgefill_maps is not None:
         words += ["--ridgefill-maps", str(args.ridgefill_maps)]
+    if args.ridgefill_policy is not None:
+        words += ["--ridgefill-policy", args.ridgefill_policy]
     words += ["--lengths", ",".join(map(str, args.lengths)), "--pairs", str(args.pairs)]
     if args.split is not None:
         words += ["--split", str(args.split)]
-    words += ["--tail", str(args.tail)]
+    if args.tail is not None:
+        words += ["--tail", str(args.tail)]
     if args.exact_fraction:
         words += ["--exact-fraction", str(args.exact_fraction)]
     if args.rf_params:

@@ -26,6 +26,8 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("lower_pass", "lower layers"),
     ("fill_pass", "fill (map + K/V)"),
     ("upper_pass", "upper layers (tail + exact rows)"),
+    ("attention_statistics", "selection statistics"),
+    ("run_probe", "probe"),
     ("select_rows", "row selection"),
     ("Qwen2ForCausalLM.forward", "exact forward"),
     ("LlamaForCausalLM.forward", "exact forward"),

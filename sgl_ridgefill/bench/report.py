@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .bounds import ModelDims
-from .runner import EXACT, RIDGEFILL, BenchConfig, LengthSummary, Record
+from .runner import BARE, EXACT, RIDGEFILL, BenchConfig, LengthSummary, Record
 
 JSON_NAME = "bench.json"
 PNG_NAME = "bench.png"
@@ -18,8 +18,8 @@ PNG_NAME = "bench.png"
 def format_table(summaries: Sequence[LengthSummary]) -> str:
     """One line per length: medians, speedup [min..max of pair ratios], both bounds, fraction of each."""
     head = (
-        f"{'tokens':>7} {'exact s':>9} {'ridgefill s':>11} {'speedup':>8} {'pair ratios':>15} "
-        f"{'1/r':>6} {'reached':>8} {'FLOP bnd':>8} {'reached':>8} {'cache hits':>10}"
+        f"{'tokens':>7} {'arm':>9} {'exact rows':>10} {'exact s':>9} {'ridgefill s':>11} {'speedup':>8} "
+        f"{'pair ratios':>15} {'1/r':>6} {'reached':>8} {'FLOP bnd':>8} {'reached':>8} {'cache hits':>10}"
     )
     cores = any(s.exact_cores is not None for s in summaries)
     if cores:
@@ -29,8 +29,9 @@ def format_table(summaries: Sequence[LengthSummary]) -> str:
         extra = ""
         if cores:
             extra = f" {_cores(s.exact_cores):>5}/{_cores(s.ridgefill_cores):<6}"
+        rows = "-" if s.exact_rows is None else f"{s.exact_rows:.0f}"
         lines.append(
-            f"{s.length:>7} {s.exact_median:>9.3f} {s.ridgefill_median:>11.3f} {s.speedup:>7.3f}x "
+            f"{s.length:>7} {s.arm:>9} {rows:>10} {s.exact_median:>9.3f} {s.ridgefill_median:>11.3f} {s.speedup:>7.3f}x "
             f"{s.ratio_min:>6.3f}..{s.ratio_max:<6.3f} {s.layer_bound:>5.3f}x {s.layer_fraction:>7.1%} "
             f"{s.flop_bound:>7.3f}x {s.flop_fraction:>7.1%} {s.cache_hits:>10}" + extra
         )
@@ -73,10 +74,15 @@ def plot(path: pathlib.Path, records: Sequence[Record], summaries: Sequence[Leng
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = [s.length for s in summaries]
+    main = [s for s in summaries if s.arm == RIDGEFILL]
+    bare = [s for s in summaries if s.arm == BARE]
+    lengths = [s.length for s in main]
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for arm, color, key in ((EXACT, "tab:gray", "exact_median"), (RIDGEFILL, "tab:blue", "ridgefill_median")):
-        ax_t.plot(lengths, [getattr(s, key) for s in summaries], "-o", color=color, label=f"{arm} (median)")
+    arms = [(EXACT, "tab:gray", main, "exact_median"), (RIDGEFILL, "tab:blue", main, "ridgefill_median")]
+    if bare:
+        arms.append((BARE, "tab:orange", bare, "ridgefill_median"))
+    for arm, color, rows, key in arms:
+        ax_t.plot([s.length for s in rows], [getattr(s, key) for s in rows], "-o", color=color, label=f"{arm} (median)")
         pts = [(r.length, r.seconds) for r in records if r.arm == arm]
         if pts:
             ax_t.scatter(*zip(*pts), s=10, color=color, alpha=0.4)
@@ -87,11 +93,13 @@ def plot(path: pathlib.Path, records: Sequence[Record], summaries: Sequence[Leng
     ax_t.legend()
     ax_t.grid(alpha=0.3)
 
-    speed = [s.speedup for s in summaries]
-    err = [[s.speedup - s.ratio_min for s in summaries], [s.ratio_max - s.speedup for s in summaries]]
+    speed = [s.speedup for s in main]
+    err = [[s.speedup - s.ratio_min for s in main], [s.ratio_max - s.speedup for s in main]]
     ax_s.errorbar(lengths, speed, yerr=err, fmt="-o", color="tab:blue", capsize=3, label="measured (pair-ratio range)")
-    ax_s.plot(lengths, [s.layer_bound for s in summaries], "--", color="tab:green", label="layer-pass bound 1/r")
-    ax_s.plot(lengths, [s.flop_bound for s in summaries], ":", color="tab:red", label="FLOP-counted bound")
+    if bare:
+        ax_s.plot([s.length for s in bare], [s.speedup for s in bare], "-o", color="tab:orange", label="bare fill")
+    ax_s.plot(lengths, [s.layer_bound for s in main], "--", color="tab:green", label="layer-pass bound 1/r")
+    ax_s.plot(lengths, [s.flop_bound for s in main], ":", color="tab:red", label="FLOP-counted bound")
     ax_s.axhline(1.0, color="black", lw=0.8)
     ax_s.set_xlabel("prompt tokens")
     ax_s.set_ylabel("speedup over exact (x)")

@@ -61,14 +61,20 @@ def _machine_line(report: Mapping[str, Any]) -> str:
 
 
 def table(report: Mapping[str, Any]) -> str:
-    """The Markdown table of one ``bench.json``, one row per length."""
-    lines = [
-        "| tokens | exact | RidgeFill | speedup (pair range) | bound 1/r | reached | FLOP-counted bound | reached |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in report.get("summary", []):
+    """The Markdown table of one ``bench.json``, one row per length (and arm, beside a policy with rows)."""
+    summary = report.get("summary", [])
+    arms = any(s.get("arm", "ridgefill") != "ridgefill" for s in summary)
+    policy = (report.get("config") or {}).get("policy") or "RidgeFill"
+    head = "| tokens | " + ("arm | exact rows | " if arms else "") + "exact | RidgeFill | speedup (pair range) | "
+    lines = [head + "bound 1/r | reached | FLOP-counted bound | reached |",
+             "|---|" + ("---|---|" if arms else "") + "---|---|---|---|---|---|---|"]
+    for s in summary:
+        arm = ""
+        if arms:
+            rows = "–" if s.get("exact_rows") is None else f"{s['exact_rows']:,.0f}"
+            arm = f"{'bare fill' if s.get('arm') == 'bare' else policy} | {rows} | "
         lines.append(
-            f"| {s['length']:,} | {_seconds(s['exact_median'])} | {_seconds(s['ridgefill_median'])} | "
+            f"| {s['length']:,} | {arm}{_seconds(s['exact_median'])} | {_seconds(s['ridgefill_median'])} | "
             f"{_times(s['speedup'])} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) | {_times(s['layer_bound'])} | "
             f"{s['layer_fraction']:.0%} | {_times(s['flop_bound'])} | {s['flop_fraction']:.0%} |"
         )

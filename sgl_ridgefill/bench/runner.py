@@ -3,9 +3,11 @@
 For each prompt length, ``pairs`` pairs are sent. A pair is one prompt (random token ids, a fixed seed per
 length and pair, so every pair has its own prompt) sent once exactly (``{"ridgefill": {"enabled":
 false}}``) and once with RidgeFill (``{"ridgefill": {...}}``); even pairs send the exact arm first, odd
-pairs RidgeFill first, so a drift in machine speed hits both arms alike. The radix cache is flushed
-before every request: the second arm of a pair would otherwise reuse the first arm's prefix (RidgeFill
-requests reuse exact cached prefixes by design). Each response's ``cached_tokens`` is kept as a check.
+pairs RidgeFill first, so a drift in machine speed hits both arms alike. With a policy that selects exact
+rows the pair holds a third arm, the bare fill (the same split and tail, no rows), and the order rotates by
+one arm per pair. The radix cache is flushed before every request: the second arm of a pair would otherwise
+reuse the first arm's prefix (RidgeFill requests reuse exact cached prefixes by design). Each response's
+``cached_tokens`` is kept as a check, and each RidgeFill response's exact rows feed the FLOP-counted bound.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Protocol
 
 from .bounds import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
 
-EXACT, RIDGEFILL = "exact", "ridgefill"
+EXACT, BARE, RIDGEFILL = "exact", "bare", "ridgefill"
 ARMS = (EXACT, RIDGEFILL)
 EXACT_PARAMS: dict[str, Any] = {"ridgefill": {"enabled": False}}
 
@@ -42,7 +44,11 @@ class CpuProbe(Protocol):
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
     (``{}``: the server's settings); ``split``/``tail``/``exact_fraction`` only feed the bounds, unless
-    ``rf_params`` sets ``split``/``tail``, which then win; ``map_kind`` (the maps' kind) prices the fill."""
+    ``rf_params`` sets ``split``/``tail``, which then win; ``map_kind`` (the maps' kind) prices the fill.
+    ``bare_params``: the bare fill's ``custom_params["ridgefill"]``, a third arm beside a policy with rows
+    (``None``: no such arm); ``selector_flops``: what the RidgeFill arm's selection costs, per prompt length
+    (``{length: FLOPs}``), for its FLOP-counted bound. The bounds of a RidgeFill arm use the exact rows its
+    responses report (their median) where they report them, else ``exact_fraction``."""
 
     lengths: tuple[int, ...]
     vocab_size: int
@@ -56,6 +62,9 @@ class BenchConfig:
     flush: bool = True
     stream: bool = False
     map_kind: str | None = None
+    bare_params: Mapping[str, Any] | None = None
+    selector_flops: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    policy: str | None = None  # the RidgeFill arm's policy, as named on the command line
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -82,14 +91,20 @@ class BenchConfig:
     def bound_tail(self) -> int:
         return int(self.rf_params.get("tail") or self.tail)
 
-    def shape(self, length: int) -> RidgeFillShape:
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return ARMS if self.bare_params is None else (EXACT, BARE, RIDGEFILL)
+
+    def shape(self, length: int, exact_rows: int | None = None) -> RidgeFillShape:
         tail = min(self.bound_tail, length)
-        exact = int(round(self.exact_fraction * (length - tail)))
+        exact = int(round(self.exact_fraction * (length - tail))) if exact_rows is None else exact_rows
         return RidgeFillShape(num_tokens=length, split=self.bound_split, tail=self.bound_tail, exact_rows=exact,
                               map_kind=self.map_kind)
 
     def arm_params(self, arm: str) -> dict[str, Any]:
-        return EXACT_PARAMS if arm == EXACT else {"ridgefill": dict(self.rf_params)}
+        if arm == EXACT:
+            return EXACT_PARAMS
+        return {"ridgefill": dict(self.bare_params if arm == BARE else self.rf_params)}
 
 
 def make_prompt(length: int, vocab_size: int, seed: int, pair: int) -> list[int]:
@@ -100,9 +115,10 @@ def make_prompt(length: int, vocab_size: int, seed: int, pair: int) -> list[int]
     return [rng.randrange(lo, hi) for _ in range(length)]
 
 
-def pair_order(pair: int) -> tuple[str, str]:
-    """Even pairs run exact first, odd pairs RidgeFill first."""
-    return ARMS if pair % 2 == 0 else ARMS[::-1]
+def pair_order(pair: int, arms: tuple[str, ...] = ARMS) -> tuple[str, ...]:
+    """The arms rotated by one per pair: with two arms, even pairs run exact first, odd pairs RidgeFill first."""
+    k = pair % len(arms)
+    return arms[k:] + arms[:k]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +130,7 @@ class Record:
     seconds: float
     cached_tokens: int
     server_cpu: Mapping[str, float] | None = None  # CPU seconds per server process during the request
+    exact_rows: int | None = None  # prefix rows the response says ran exactly (RidgeFill arms)
 
     @property
     def scheduler_cores(self) -> float | None:
@@ -126,8 +143,10 @@ class Record:
 
 @dataclasses.dataclass(frozen=True)
 class LengthSummary:
-    """Per prompt length: medians of each arm, the speedup (ratio of medians) with the spread of the
-    per-pair ratios, both bounds and the fraction of each reached."""
+    """Per prompt length and RidgeFill arm (``arm``: ``ridgefill``, or ``bare`` for the bare fill beside a
+    policy with rows): medians of exact and of the arm, the speedup (ratio of medians) with the spread of the
+    per-pair ratios, both bounds (with the exact rows the arm's responses reported) and the fraction of each
+    reached."""
 
     length: int
     exact_median: float
@@ -139,6 +158,8 @@ class LengthSummary:
     cache_hits: int
     exact_cores: float | None = None  # median scheduler cores busy per arm (with a CPU probe)
     ridgefill_cores: float | None = None
+    arm: str = RIDGEFILL
+    exact_rows: float | None = None  # median exact prefix rows the arm's responses reported
 
     @property
     def ratio_min(self) -> float:
@@ -169,31 +190,41 @@ def summarize(records: Sequence[Record], config: BenchConfig, dims: ModelDims) -
     out = []
     for length in config.lengths:
         rows = [r for r in records if r.length == length]
-        by_pair: dict[int, dict[str, float]] = {}
-        for r in rows:
-            by_pair.setdefault(r.pair, {})[r.arm] = r.seconds
-        complete = {p: t for p, t in by_pair.items() if EXACT in t and RIDGEFILL in t}
-        if not complete:
-            continue
-        exact = [t[EXACT] for t in complete.values()]
-        filled = [t[RIDGEFILL] for t in complete.values()]
-        shape = config.shape(length)
-        cores = {arm: [r.scheduler_cores for r in rows if r.arm == arm and r.scheduler_cores is not None] for arm in ARMS}
-        out.append(
-            LengthSummary(
-                length=length,
-                exact_median=statistics.median(exact),
-                ridgefill_median=statistics.median(filled),
-                speedup=statistics.median(exact) / statistics.median(filled),
-                pair_ratios=tuple(t[EXACT] / t[RIDGEFILL] for _, t in sorted(complete.items())),
-                layer_bound=layer_pass_bound(shape, dims.num_layers),
-                flop_bound=flop_bound(dims, shape),
-                cache_hits=sum(1 for r in rows if r.cached_tokens > 0),
-                exact_cores=statistics.median(cores[EXACT]) if cores[EXACT] else None,
-                ridgefill_cores=statistics.median(cores[RIDGEFILL]) if cores[RIDGEFILL] else None,
-            )
-        )
+        for arm in config.arms[1:]:
+            summary = _summary(rows, length, arm, config, dims)
+            if summary is not None:
+                out.append(summary)
     return out
+
+
+def _summary(rows: Sequence[Record], length: int, arm: str, config: BenchConfig, dims: ModelDims) -> LengthSummary | None:
+    by_pair: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by_pair.setdefault(r.pair, {})[r.arm] = r.seconds
+    complete = {p: t for p, t in by_pair.items() if EXACT in t and arm in t}
+    if not complete:
+        return None
+    exact = [t[EXACT] for t in complete.values()]
+    filled = [t[arm] for t in complete.values()]
+    reported = [r.exact_rows for r in rows if r.arm == arm and r.exact_rows is not None]
+    exact_rows = statistics.median(reported) if reported else None
+    shape = config.shape(length, None if exact_rows is None else int(round(exact_rows)))
+    selector = config.selector_flops.get(length, 0.0) if arm == RIDGEFILL else 0.0
+    cores = {a: [r.scheduler_cores for r in rows if r.arm == a and r.scheduler_cores is not None] for a in (EXACT, arm)}
+    return LengthSummary(
+        length=length,
+        exact_median=statistics.median(exact),
+        ridgefill_median=statistics.median(filled),
+        speedup=statistics.median(exact) / statistics.median(filled),
+        pair_ratios=tuple(t[EXACT] / t[arm] for _, t in sorted(complete.items())),
+        layer_bound=layer_pass_bound(shape, dims.num_layers),
+        flop_bound=flop_bound(dims, shape, selector_flops=selector),
+        cache_hits=sum(1 for r in rows if r.cached_tokens > 0 and r.arm in (EXACT, arm)),
+        exact_cores=statistics.median(cores[EXACT]) if cores[EXACT] else None,
+        ridgefill_cores=statistics.median(cores[arm]) if cores[arm] else None,
+        arm=arm,
+        exact_rows=exact_rows,
+    )
 
 
 def run_bench(
@@ -217,17 +248,29 @@ def run_bench(
 
     for w in range(config.warmup):
         ids = make_prompt(config.lengths[0], config.vocab_size, config.seed, -1 - w)
-        for arm in pair_order(w):
+        for arm in pair_order(w, config.arms):
             timed(ids, arm)
         say(f"warm-up pair {w + 1}/{config.warmup} done")
     records: list[Record] = []
     for length in config.lengths:
         for pair in range(config.pairs):
             ids = make_prompt(length, config.vocab_size, config.seed, pair)
-            for position, arm in enumerate(pair_order(pair)):
+            for position, arm in enumerate(pair_order(pair, config.arms)):
                 t, cpu = timed(ids, arm)
-                rec = Record(length, pair, arm, position, float(t.seconds), int(getattr(t, "cached_tokens", 0)), cpu)
+                rec = Record(length, pair, arm, position, float(t.seconds), int(getattr(t, "cached_tokens", 0)), cpu,
+                             _reported_exact_rows(t) if arm != EXACT else None)
                 records.append(rec)
                 cores = f"  scheduler cores {rec.scheduler_cores:.2f}" if rec.scheduler_cores is not None else ""
                 say(f"N={length} pair {pair + 1}/{config.pairs} {arm:9s} {t.seconds:8.3f} s{cores}")
     return records, summarize(records, config, dims)
+
+
+def _reported_exact_rows(timing: Any) -> int | None:
+    """The exact prefix rows a RidgeFill response reports (``meta_info["ridgefill"]["exact"]``), if any."""
+    info = (getattr(timing, "meta_info", None) or {}).get("ridgefill")
+    if isinstance(info, list):
+        info = info[0] if info else None
+    if not isinstance(info, Mapping) or not info.get("ran"):
+        return None
+    value = info.get("exact")
+    return int(value) if isinstance(value, int) else None

@@ -20,14 +20,16 @@ from .environment import cpu_environment
 MEM_FRACTION_STATIC = 0.6
 
 
-def ridgefill_server_flags(model_dir, dtype: str, maps_dir, *, tail: int, longest: int,
+def ridgefill_server_flags(model_dir, dtype: str, maps_dir, *, tail: int | None, longest: int,
                            split: int | None = None) -> list[str]:
     """Flags of a RidgeFill server on this CPU for prompts of up to ``longest`` tokens in one chunk (the demo's
-    and ``bench --serve``'s)."""
+    and ``bench --serve``'s); ``tail`` / ``split`` None: the policy's or the server's default."""
     flags = ["--model-path", str(model_dir), "--dtype", dtype, "--prefill-backend", "ridgefill",
-             "--ridgefill-maps", str(maps_dir), "--ridgefill-tail", str(tail),
+             "--ridgefill-maps", str(maps_dir),
              "--chunked-prefill-size", str(max(8192, longest)), "--max-total-tokens", str(longest + 4096),
              "--mem-fraction-static", str(MEM_FRACTION_STATIC)]
+    if tail is not None:
+        flags += ["--ridgefill-tail", str(tail)]
     if split is not None:
         flags += ["--ridgefill-split", str(split)]
     return flags

@@ -10,10 +10,14 @@ there is one:
   measurement picks for each d;
 - ``row_attention``: row queries through SGLang's own Triton extend kernel (loaded from three copied files
   with stand-ins for its SGLang imports, never importing SGLang), against one causal extend of all N rows:
-  tail, tail + every 10th prefix row as runs, the same rows grouped (G = 64, 128) in one or two launches,
-  64-row windows, at N = 8K and 32K;
-- ``planner``: host planning and each backend's metadata (``triton_extend_args``,
-  ``flashinfer_paged_args``, ``fa3_args``) for the tail + 10 % scattered rows at 32K, slots on the GPU;
+  tail, tail + every 10th prefix row as runs, the same rows as the runtime runs them (groups of G = 64, 128
+  under a device-built mask, the tail in a launch of its own), 64-row windows, at N = 8K and 32K;
+- ``planner``: the host side of an upper pass on one thread, per backend (``attention.steps`` and
+  ``attention.metadata``: the groups' Triton arguments, the runs' Triton, FlashInfer or fa3 arguments) for
+  the tail + 10 % scattered rows at 32K, slots on the GPU;
+- ``host_path``: the host side of one request's selection and upper passes at the Llama-3.1-8B shape, 16K
+  tokens, T = 4,096, per backend and selection, on one thread, with ``torch.cuda.set_sync_debug_mode``
+  counting the real host syncs (``estimates.host_side``);
 - ``fill``: map + the runtime's norm / K/V projection / RoPE path per row, beside one exact layer's linear
   layers on the same rows;
 - ``maps_int8``, ``attention_stats``: the int8 map kernel and the attention statistics likewise.

@@ -19,9 +19,9 @@ from typing import Any
 from . import report as out
 from .sgl_files import DEFAULT_DIR, SglFilesMissing, copy_sgl_files
 
-TIERS = ("kernels", "server")
+TIERS = ("kernels", "server", "host")
 # In order of what the numbers decide: map backend, scattered-row cost, planning overhead, the fill.
-KERNEL_STEPS = ("maps", "row_attention", "planner", "fill", "maps_int8", "attention_stats")
+KERNEL_STEPS = ("maps", "row_attention", "planner", "host_path", "fill", "maps_int8", "attention_stats")
 DEFAULT_BUDGET_S = 420.0
 
 
@@ -37,7 +37,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tier", choices=TIERS, default="kernels", help="kernels (torch + triton only) or server (SGLang)")
+    p.add_argument("--tier", choices=TIERS, default="kernels",
+                   help="kernels (torch + triton only), server (SGLang on a GPU) or host (the host census on this CPU)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gpu-check"),
                    help=f"a .json file, or a folder for {out.JSON_NAME} and gpu-check.txt (default ./gpu-check)")
     p.add_argument("--copy-sgl-files", type=pathlib.Path, metavar="DIR",
@@ -65,7 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path(".gpucheck/server"),
                    help="where the random-weight model and maps are made once (default .gpucheck/server)")
     s.add_argument("--split", type=int, default=12, help="split layer S (default 12)")
-    s.add_argument("--tail", type=int, default=1024, help="tail T (default 1024)")
+    s.add_argument("--tail", type=int, default=4096, help="tail T (default 4096, the shipped 8B policies')")
+    s.add_argument("--rows-policy", default="llama-3.1-8b-rows",
+                   help="shipped policy with exact rows measured beside the bare fill (default llama-3.1-8b-rows; "
+                        "'none': the bare fill only)")
     s.add_argument("--identity-prompts", type=int, default=3, help="greedy prompts compared with stock (default 3)")
     s.add_argument("--server-args", type=shlex.split, default=(),
                    help="extra flags for every server, one string: --server-args='--flag value ...'")
@@ -91,7 +95,19 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print("copied " + ", ".join(str(c) for c in copies) + " (SGLang's files: keep them out of git)")
         return 0
+    if args.tier == "host":
+        return run_host(args)
     return run_kernels(args) if args.tier == "kernels" else run_server(args)
+
+
+def run_host(args: argparse.Namespace) -> int:
+    """The host census (``host_census.py``) into ``--out``; 1 when a request exceeds its budget or a pair
+    differs."""
+    from .host_census import run_census
+
+    folder = args.out if args.out.suffix != ".json" else args.out.parent
+    report = run_census(folder)
+    return 1 if report["verdicts"] or any("census" not in r for r in report["rows"]) else 0
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -122,7 +138,8 @@ def run_kernels(args: argparse.Namespace) -> int:
                   peak_tflops=_peak(args.peak_tflops, device), sgl_files=str(args.sgl_files), say=_say)
     steps = {"maps": kernel_steps.maps, "maps_int8": kernel_steps.maps_int8,
              "attention_stats": kernel_steps.attention_stats, "fill": kernel_steps.fill,
-             "planner": kernel_steps.planner, "row_attention": row_attention.row_attention}
+             "planner": kernel_steps.planner, "host_path": kernel_steps.host_path,
+             "row_attention": row_attention.row_attention}
     path = out.output_path(args.out)
     report: dict[str, Any] = {
         "tier": "kernels", "command": sys.argv, "environment": _environment(device), "dtype": str(dtype),
@@ -206,6 +223,7 @@ def run_server(args: argparse.Namespace, launcher=None) -> int:
         cfg = ServerCheckConfig(
             model_path=model, maps_path=maps, backends=tuple(args.backends), lengths=tuple(args.lengths),
             pairs=args.pairs, warmup=args.warmup, split=args.split, tail=args.tail,
+            rows_policy=None if args.rows_policy in (None, "none") else args.rows_policy,
             identity_prompts=args.identity_prompts, server_args=tuple(args.server_args),
             request_timeout=args.timeout, startup_timeout=args.startup_timeout,
         )

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from sgl_ridgefill.attention.planner import fa3_args, flashinfer_paged_args, plan_virtual_requests, triton_extend_args
+from sgl_ridgefill.attention.metadata import RUN_ARGS, step_args
+from sgl_ridgefill.attention.steps import plan_steps
 from sgl_ridgefill.bench.bounds import ModelDims
 from sgl_ridgefill.kernels.attention_stats import attention_received, attention_received_reference
 from sgl_ridgefill.kernels.choose import TOLERANCE, fastest_map_backend
@@ -175,28 +176,68 @@ def _rope_neox(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def planner(ctx: Context) -> Iterator[Row]:
     """Host planning plus each backend's metadata for the tail and every 10th prefix row at the largest
-    context, with the request's slots on the device (a shuffled pool)."""
+    context, as the runtime prepares an upper pass (groups of the prefix rows, the tail as runs), with the
+    request's slots on the device (a shuffled pool). One host thread, as SGLang's scheduler runs on CUDA."""
     n, tail = max(ctx.sizes.contexts), ctx.sizes.tail
     positions = scattered_positions(n, tail, ctx.sizes.every)
     slots = torch.randperm(n, generator=ctx.generator(0), device=ctx.device)
-    plans = [("runs", None), *((f"grouped G={g}", g) for g in ctx.sizes.group_sizes)]
-    for label, group in plans:
-        ctx.check_time(f"planner {label}")
-        plan_ms = ctx.time_ms(lambda group=group: _plan(positions, group, n - tail), wall=True)
-        vr = _plan(positions, group, n - tail)
-        makers = [("triton_extend_args", triton_extend_args), ("flashinfer_paged_args", flashinfer_paged_args)]
-        if not vr.has_groups:
-            makers.append(("fa3_args", fa3_args))
-        for name, make in makers:
-            ms = ctx.time_ms(lambda make=make: make(vr, slots), wall=True)
-            args = make(vr, slots)
-            yield {"context": n, "rows": vr.num_rows, "plan": label, "virtual_requests": vr.num_requests,
-                   "plan_ms": plan_ms, "metadata": name, "metadata_ms": ms, "metadata_mib": _tensor_mib(args)}
-            del args
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for group in ctx.sizes.group_sizes:
+            for backend in RUN_ARGS:
+                ctx.check_time(f"planner G={group} {backend}")
+
+                def prepare(group=group, backend=backend):
+                    steps = plan_steps(positions, chunk_rows=n, group_size=group, runs_from=n - tail)
+                    return steps, [step_args(backend, s, slots) for s in steps]
+
+                ms = ctx.time_ms(prepare, wall=True)
+                steps, args = prepare()
+                yield {"context": n, "rows": positions.numel(), "group_size": group, "backend": backend,
+                       "steps": len(steps), "virtual_requests": sum(s.num_requests for s in steps),
+                       "host_ms": ms, "metadata_mib": sum(_tensor_mib(a) for pair in args for a in pair if a)}
+                del args
+    finally:
+        torch.set_num_threads(threads)
 
 
-def _plan(positions: torch.Tensor, group: int | None, runs_from: int):
-    return plan_virtual_requests(positions, group_size=group, runs_from=runs_from if group else None)
+def host_path(ctx: Context) -> Iterator[Row]:
+    """The host side of one request's selection and upper passes at the Llama-3.1-8B shape, 16K tokens,
+    T = 4,096, on one thread, per backend and selection (``estimates.host_side``: the runtime's own steps,
+    staging and metadata builders). On CUDA the device tensors are real and ``torch.cuda.set_sync_debug_mode``
+    counts every real host sync; off CUDA they are meta tensors (a data-dependent op raises there)."""
+    import warnings
+
+    from .estimates import BACKENDS, Case, host_side, select
+
+    device = "cuda" if ctx.device.type == "cuda" else "meta"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for selection in ("no rows", "10% pooled attention", "probe policy (~30%)"):
+            for backend in BACKENDS:
+                case = Case("llama-3.1-8b", 16384, 4096, selection, backend)
+                ctx.check_time(f"host path {selection} {backend}")
+                exact = select(case)
+                host_side(case, exact, repeats=1, device=device)  # first use (allocator, caches)
+                row = host_side(case, exact, device=device)  # timed
+                row.pop("passes")
+                real = None
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        torch.cuda.set_sync_debug_mode("warn")
+                        try:
+                            host_side(case, exact, repeats=1, device=device)
+                        finally:
+                            torch.cuda.set_sync_debug_mode("default")
+                    real = sum("synchroniz" in str(w.message) for w in caught)
+                yield {"selection": selection, "backend": backend, "device": device,
+                       "exact_rows": int(exact.numel()), **row, "cuda_syncs": real}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def scattered_positions(n: int, tail: int, every: int) -> torch.Tensor:

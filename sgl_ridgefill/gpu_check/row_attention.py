@@ -1,7 +1,7 @@
 """Row queries through SGLang's Triton extend kernel: what scattered rows cost next to exact attention.
 
 One request of ``N`` tokens, every key visible, K/V already in a pool whose slot is the position. Each case
-is planned by the runtime's planner (``plan_virtual_requests`` + ``triton_extend_args``) and run by SGLang's
+is planned by the runtime's planner (``steps.plan_steps`` and ``metadata``'s builders) and run by SGLang's
 own ``extend_attention_fwd`` loaded by :mod:`.sgl_files`; its time is set against one causal extend of all
 ``N`` rows (exact prefill attention of one layer), so the ratio says what a RidgeFill upper layer's
 attention costs relative to an exact one:
@@ -9,10 +9,9 @@ attention costs relative to an exact one:
 - ``exact``: all ``N`` rows as one causal extend (the yardstick);
 - ``tail``: the last ``T`` rows;
 - ``runs``: the tail and every 10th prefix row, one virtual request per row (a decode-like prefix read each);
-- ``grouped G``: the same rows, prefix rows in groups of ``G`` under a custom mask ``key_pos <= q_pos``, in
-  one launch with the tail (what the runtime's Triton backend does);
-- ``grouped G, 2 launches``: groups masked, the tail as a plain causal extend in a launch of its own;
-- ``windows``: the tail and ``window``-row windows covering 10 % of the prefix.
+- ``grouped G``: the same rows as the runtime runs them: prefix rows in groups of ``G`` under a mask
+  ``key_pos <= q_pos`` built on the device, the tail as a plain causal extend in a launch of its own;
+- ``windows``: the tail and ``window``-row windows covering 10 % of the prefix, as runs.
 
 Each case's output is checked on sampled query rows against a float32 masked softmax.
 """
@@ -23,7 +22,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from sgl_ridgefill.attention.planner import VirtualRequests, plan_virtual_requests, split_by_kind, triton_extend_args
+from sgl_ridgefill.attention.metadata import triton_group_args, triton_run_args
+from sgl_ridgefill.attention.planner import VirtualRequests, plan_virtual_requests
+from sgl_ridgefill.attention.steps import plan_steps
 
 from .check import Context, ModelShape, Row, Skip
 from .kernel_steps import scattered_positions, window_positions
@@ -46,34 +47,34 @@ def row_attention(ctx: Context) -> Iterator[Row]:
             yield from _cases(ctx, extend.extend_attention_fwd, model, n)
 
 
-def _case_plans(ctx: Context, n: int) -> list[tuple[str, torch.Tensor, int | None, bool]]:
-    """(label, positions, group size, two launches) of every case at context ``n``."""
+def _case_plans(ctx: Context, n: int) -> list[tuple[str, torch.Tensor, int | None]]:
+    """(label, positions, group size or None for runs only) of every case at context ``n``."""
     sizes = ctx.sizes
     tail = min(sizes.tail, n)
     scattered = scattered_positions(n, tail, sizes.every)
     cases = [
-        ("exact", torch.arange(n), None, False),
-        ("tail", torch.arange(n - tail, n), None, False),
-        ("runs", scattered, None, False),
+        ("exact", torch.arange(n), None),
+        ("tail", torch.arange(n - tail, n), None),
+        ("runs", scattered, None),
     ]
-    for g in sizes.group_sizes:
-        cases += [(f"grouped G={g}", scattered, g, False), (f"grouped G={g}, 2 launches", scattered, g, True)]
-    cases.append((f"windows {sizes.window}", window_positions(n, tail, sizes.window, sizes.every), None, False))
+    cases += [(f"grouped G={g}", scattered, g) for g in sizes.group_sizes]
+    cases.append((f"windows {sizes.window}", window_positions(n, tail, sizes.window, sizes.every), None))
     return cases
 
 
 def _cases(ctx: Context, extend_attention_fwd: Callable, model: ModelShape, n: int) -> Iterator[Row]:
     pool = _Pool(ctx, model, n)
     exact_ms = None
-    for label, positions, group, two_launches in _case_plans(ctx, n):
+    for label, positions, group in _case_plans(ctx, n):
         ctx.check_time(f"row attention {model.name} N={n} {label}")
-        runs_from = n - min(ctx.sizes.tail, n) if group else None
-        vr = plan_virtual_requests(positions, group_size=group, runs_from=runs_from)
-        if two_launches:
-            runs, run_rows, groups, group_rows = split_by_kind(vr)
-            parts = [(p, r) for p, r in ((runs, run_rows), (groups, group_rows)) if p is not None]
+        if group is None:
+            parts = [(plan_virtual_requests(positions), torch.arange(positions.numel()))]
         else:
-            parts = [(vr, torch.arange(vr.num_rows))]
+            (step,) = plan_steps(positions, chunk_rows=positions.numel(), group_size=group,
+                                 runs_from=n - min(ctx.sizes.tail, n))
+            cut = step.group_rows
+            parts = [(step.groups, torch.arange(cut)), (step.runs, torch.arange(cut, positions.numel()))]
+            parts = [(p, r) for p, r in parts if p is not None]
         launches = [pool.launch(extend_attention_fwd, part) for part, _ in parts]
 
         def run() -> None:
@@ -81,15 +82,15 @@ def _cases(ctx: Context, extend_attention_fwd: Callable, model: ModelShape, n: i
                 launch.run()
 
         run()  # the output checked below (and the first launch compiles the kernel)
-        out = torch.empty(vr.num_rows, model.heads, model.head_dim, device=ctx.device, dtype=ctx.dtype)
+        out = torch.empty(positions.numel(), model.heads, model.head_dim, device=ctx.device, dtype=ctx.dtype)
         for (_, rows), launch in zip(parts, launches):
             out[rows.to(ctx.device)] = launch.out
-        err = pool.max_error(out, vr.positions)
+        err = pool.max_error(out, positions)
         ms = ctx.time_ms(run)
         exact_ms = ms if label == "exact" else exact_ms
         yield {
-            "model": model.name, "context": n, "case": label, "rows": vr.num_rows,
-            "virtual_requests": vr.num_requests, "launches": len(launches), "ms": ms,
+            "model": model.name, "context": n, "case": label, "rows": positions.numel(),
+            "virtual_requests": sum(p.num_requests for p, _ in parts), "launches": len(launches), "ms": ms,
             "ratio_to_exact": ms / exact_ms if exact_ms else None,
             "max_abs_err": err, "ok": err <= TOLERANCE[ctx.dtype],
         }
@@ -118,12 +119,12 @@ class _Pool:
         self.scale = model.head_dim**-0.5
 
     def launch(self, extend_attention_fwd: Callable, vr: VirtualRequests) -> _Launch:
-        a = triton_extend_args(vr, self.slots)
+        a = triton_group_args(vr, self.slots) if vr.has_groups else triton_run_args(vr, self.slots)
         rows = vr.positions.to(self.ctx.device)  # slot = position
         out = torch.empty(vr.num_rows, self.model.heads, self.model.head_dim, device=self.ctx.device, dtype=self.ctx.dtype)
         args = (
             self.q[rows].contiguous(), self.k[rows].contiguous(), self.v[rows].contiguous(), out, self.k, self.v,
-            a.qo_indptr, a.kv_indptr, a.kv_indices, a.custom_mask, True, a.mask_indptr, a.max_extend_len, 1.0, 1.0,
+            a.qo_indptr, a.kv_indptr, a.kv_indices, a.mask(), True, a.mask_indptr, a.max_extend_len, 1.0, 1.0,
         )
         kwargs = dict(
             sm_scale=self.scale, skip_prefix_custom_mask=a.skip_prefix_custom_mask, skip_extend=a.skip_extend,

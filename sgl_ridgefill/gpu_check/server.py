@@ -7,8 +7,11 @@ other (one GPU):
    TTFT of the benchmark's prompts at every length, radix cache flushed before every request;
 2. **RidgeFill** (``--prefill-backend ridgefill`` with the synthetic maps): the same identity prompts with
    RidgeFill off per request, compared with stock's answers (output ids and output logprobs, exactly);
-   then ``sgl-ridgefill bench``'s alternating measurement (exact and RidgeFill arms, cache flushed before
-   every request) with the layer-pass and FLOP-counted bounds and the fraction of each reached.
+   then ``sgl-ridgefill bench``'s alternating measurement (cache flushed before every request) of exact,
+   the bare fill and the shipped rows policy (``--rows-policy``, default ``llama-3.1-8b-rows``: 10 % of the
+   prefix exact, the configuration the published quality rests on; asked for per request), with the
+   layer-pass and FLOP-counted bounds (counting the exact rows each response reports) and the fraction of
+   each reached. T defaults to 4,096, the shipped 8B policies' tail.
 
 The servers are started through a *launcher* (``spec -> context manager yielding the URL``), so the plan
 (command lines, environments, request schedule) is tested on a CPU with a fake one.
@@ -73,7 +76,8 @@ class ServerCheckConfig:
     pairs: int = 3
     warmup: int = 1
     split: int = 12
-    tail: int = 1024
+    tail: int = 4096
+    rows_policy: str | None = "llama-3.1-8b-rows"  # measured beside the bare fill; None: the bare fill only
     identity_prompts: int = 3
     identity_length: int = 2048
     identity_tokens: int = 16
@@ -107,8 +111,28 @@ def server_specs(cfg: ServerCheckConfig, backend: str, *, plugins: str | None = 
     common = ("--model-path", str(cfg.model_path), "--attention-backend", backend, "--skip-tokenizer-init",
               *cfg.server_args)
     stock = ServerSpec(backend, False, command, common, {"SGLANG_PLUGINS": plugins or stock_plugins()})
-    rf_flags = cli_flags({"prefill_backend": "ridgefill", "maps": str(cfg.maps_path), "split": cfg.split, "tail": cfg.tail})
+    settings = {"prefill_backend": "ridgefill", "maps": str(cfg.maps_path), "split": cfg.split, "tail": cfg.tail}
+    if cfg.rows_policy is not None:
+        settings["request_policies"] = f"{cfg.rows_policy},plain"
+    rf_flags = cli_flags(settings)
     return stock, ServerSpec(backend, True, command, (*common, *rf_flags), {})
+
+
+def bench_config(cfg: ServerCheckConfig, dims: ModelDims) -> BenchConfig:
+    """The benchmark of the RidgeFill server: the rows policy beside the bare fill, or the bare fill alone."""
+    if cfg.rows_policy is None:
+        return BenchConfig(lengths=cfg.lengths, vocab_size=dims.vocab_size, pairs=cfg.pairs, split=cfg.split,
+                           tail=cfg.tail, seed=cfg.seed, warmup=cfg.warmup)
+    from sgl_ridgefill.bench.cli import load_bench_policy, selector_flops
+
+    policy = load_bench_policy(cfg.rows_policy, dims)
+    split = cfg.split  # the server's --ridgefill-split, which overrides the policy's
+    return BenchConfig(
+        lengths=cfg.lengths, vocab_size=dims.vocab_size, pairs=cfg.pairs, split=split, tail=cfg.tail, seed=cfg.seed,
+        warmup=cfg.warmup, rf_params={"policy": cfg.rows_policy, "split": split, "tail": cfg.tail},
+        bare_params={"policy": "plain", "split": split, "tail": cfg.tail}, policy=cfg.rows_policy,
+        selector_flops={n: selector_flops(policy, dims, n, split, cfg.tail) for n in cfg.lengths},
+    )
 
 
 @contextlib.contextmanager
@@ -177,8 +201,7 @@ def run_server_check(
         )
     prompts = [make_prompt(cfg.identity_length, dims.vocab_size, cfg.seed, IDENTITY_SEED_OFFSET + i)
                for i in range(cfg.identity_prompts)]
-    bench = BenchConfig(lengths=cfg.lengths, vocab_size=dims.vocab_size, pairs=cfg.pairs, split=cfg.split,
-                        tail=cfg.tail, seed=cfg.seed, warmup=cfg.warmup)
+    bench = bench_config(cfg, dims)
     plugins = stock_plugins()
     report: dict[str, Any] = {"model": dataclasses.asdict(dims), "backends": {}}
     for backend in cfg.backends:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..attention.staging import to_device
 from ..kernels.rescale import value_scale_reference
 from .kv import scale_values
 
@@ -27,7 +28,7 @@ def value_rescaler(
     """The value rescale as an ``upper_pass`` callback (``fill``: the request's fill; not a kv+context one,
     whose tail features would need the prompt's context, which admission refuses).
 
-    ``exact``: ``[e]`` exact prefix rows (the pass's first ``e`` rows, the tail follows);
+    ``exact``: ``[e]`` exact prefix rows, host (the pass's first ``e`` rows, the tail follows);
     ``x_rows``: ``[e + T, d]`` the pass's split states; ``slots``: ``[N]`` pool indices of the request.
     """
     ad, plan = ctx.adapter, st.plan
@@ -38,7 +39,7 @@ def value_rescaler(
     filled = torch.ones(st.boundary - st.start, dtype=torch.bool)
     filled[exact - st.start] = False
     filled_pos = torch.nonzero(filled).flatten() + st.start
-    filled_slots = slots[filled_pos.to(slots.device)]
+    filled_slots = slots[to_device(slots.device, filled_pos)[0]]
 
     def before_layer(layer_id: int, x_in: torch.Tensor) -> None:
         if not filled_slots.numel() or ad.is_recurrent(layer_id):  # values live in attention layers only

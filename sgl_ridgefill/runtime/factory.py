@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..attention.backends import advice
-from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability
+from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability, row_query_backend
 from ..config import ServerConfig
 from ..maps.kinds import MapKind
 from . import distributed
@@ -192,11 +192,13 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     if server_policy is not None and server_policy.has_selection() and server_split is not None:
         admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
     chunk = getattr(sa, "chunked_prefill_size", None)
+    from ..gpu_check.census_log import from_environment
+
     rt = RidgeFillRuntime(
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
-        recurrent=recurrent.resources if recurrent is not None else None,
+        recurrent=recurrent.resources if recurrent is not None else None, census=from_environment(),
     )
     resident = maps.resident_bytes if maps is not None else 0
     if pd_prefill:
@@ -258,7 +260,7 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
     if rt.disabled is not None:
         return
     if not capability(backend, ROW_QUERIES):
-        name = type(getattr(backend, "prefill_backend", backend)).__name__
+        name = type(row_query_backend(backend)).__name__
         rt.disable(f"the attention backend ({name}) cannot run exact rows over a filled cache; {advice()}")
     elif getattr(translator, "is_translating", False):
         rt.disable("KV index translation (unified Mamba/SWA pools) is not supported")
@@ -273,7 +275,7 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
             refusal = "with --enable-mixed-chunk its decode rows run inside prefill batches, which cannot hide them"
         hiding = None
         if not capability(backend, VISIBLE_KEYS):
-            page = getattr(getattr(backend, "prefill_backend", backend), "page_size", None)
+            page = getattr(row_query_backend(backend), "page_size", None)
             hiding = f"the attention backend cannot hide keys from a pass at page size {page} (use --page-size 1)"
         rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal, visible_keys_refusal=hiding)
         policy = rt.admitter.policy
@@ -282,6 +284,14 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
             rt.admitter.check_policy(policy, split)  # a server policy this backend cannot run stops the server
     if rt.disabled is not None:
         logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", rt.disabled)
+        return
+    from .warmup import warm_up
+
+    try:
+        warm_up(rt, row_query_backend(backend))
+    except Exception as e:  # noqa: BLE001 - a kernel that does not compile must not stop the server
+        logger.exception("RidgeFill warm-up failed")
+        rt.disable(f"a RidgeFill kernel did not compile at startup ({type(e).__name__}: {e})")
 
 
 def _token_table(runner: Any):

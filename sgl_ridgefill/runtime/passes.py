@@ -5,11 +5,15 @@
   pool; no query, attention output or MLP runs (upper recurrent layers of hybrid models: ``recurrent.py``).
 - ``upper_pass``: layers ``S..L-1`` exactly for chosen rows of one request (exact rows and the tail, the
   probe rows, or the splice rows) over its cache, layer by layer, so per-layer corrections (value rescale)
-  see every row's exact input. Its rows run in chunks of at most ``PassContext.chunk_rows`` rows (SGLang's
-  chunked-prefill budget): within each layer chunk after chunk in position order, so every row reads the
-  K/V that earlier chunks wrote at that layer and the result is the same whatever the chunk size.
+  see every row's exact input. Its rows run in steps of at most ``PassContext.chunk_rows`` rows (SGLang's
+  chunked-prefill budget): within each layer step after step in position order, so every row reads the
+  K/V that earlier steps wrote at that layer and the result is the same whatever the chunk size. The steps
+  are planned once (``attention/steps.py``) and each step's attention metadata is built once
+  (``ridgefill_prepare``) and reused by every upper layer (``ridgefill_activate``).
 
-Every pass gets what it needs in a :class:`PassContext`; nothing calls back into the runtime.
+Nothing here reads a device value on the host: positions, lengths and plans are host values, sent to the
+device through ``attention/staging.py``. Every pass gets what it needs in a :class:`PassContext`; nothing
+calls back into the runtime.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import torch
 
 from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
-from ..attention.contract import GROUPS, RowQueries, capability, row_queries
-from ..attention.planner import VirtualRequests, plan_virtual_requests
+from .. import ledger
+from ..attention.contract import RowQueries, row_queries, row_query_backend
+from ..attention.staging import to_device
+from ..attention.steps import GROUP_SIZE, Step, plan_steps
 from .kv import write_kv
 from .subbatch import virtual_subbatch
 
@@ -44,10 +50,8 @@ LayerCallback = Callable[[int, torch.Tensor], None]
 class PassContext:
     """What the passes of one forward need.
 
-    ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per virtual request of the
-    grouped mode (``None``: one virtual request per run of consecutive rows); ``max_virtual``: most virtual
-    requests per step on a backend without groups (bounds its per-step metadata); ``tp``: the
-    tensor-parallel group the selection agrees over (``None`` on one device).
+    ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per group of scattered rows;
+    ``tp``: the tensor-parallel group the selection agrees over (``None`` on one device).
     """
 
     adapter: ModelAdapter
@@ -57,14 +61,15 @@ class PassContext:
     req_to_token: torch.Tensor
     physical: bool
     chunk_rows: int
-    group_size: int | None = None
-    max_virtual: int = 256
+    group_size: int = GROUP_SIZE
     tp: TensorParallel | None = None
-    recurrent: Any = None  # hybrid models: recurrent.RecurrentResources (terminal-state offsets)
+    recurrent: Any = None  # hybrid models: recurrent.RecurrentResources
 
-    @property
-    def grouped(self) -> bool:
-        return self.group_size is not None and capability(self.backend, GROUPS)
+
+def plan_batch(backend: Any, fb: ForwardBatch) -> None:
+    """SGLang's own attention planning for a (sub-)batch, counted by the census."""
+    ledger.count(ledger.METADATA_INITS)
+    backend.init_forward_metadata(fb)
 
 
 def _register_captures(ad: ModelAdapter, captures: Sequence[QueryCapture], offset: list[int]) -> list:
@@ -94,7 +99,7 @@ def lower_pass(ctx: PassContext, fb: ForwardBatch, i: int, rows: slice, split: i
         out_cache_loc=fb.out_cache_loc[rows],
     )
     handles = _register_captures(ad, captures, [0])
-    ctx.backend.init_forward_metadata(sub)
+    plan_batch(ctx.backend, sub)
     try:
         hs = ad.embed(sub.input_ids)
         residual_batch.start(sub)
@@ -122,42 +127,32 @@ def fill_pass(ctx: PassContext, fill: Fill, x_split: torch.Tensor, z: torch.Tens
 
 
 @dataclass
-class _Step:
-    rows: slice  # rows of the pass
-    plan: VirtualRequests
-    sub: Any  # ForwardBatch
+class _PlannedStep:
+    step: Step
+    sub: Any  # ForwardBatch of the step's virtual requests
     scope: RowQueries
+    prepared: Any  # the backend's metadata of the step
 
 
-def _steps(
+def _planned_steps(
     ctx: PassContext, fb: ForwardBatch, i: int, positions: torch.Tensor, prompt_ids: torch.Tensor,
-    slots: torch.Tensor, visible: torch.Tensor | None, runs_from: int | None,
-) -> list[_Step]:
-    """The pass's rows in steps of at most ``chunk_rows`` rows (and ``max_virtual`` virtual requests on a
-    backend without groups), each planned as virtual requests: with groups, the rows below ``runs_from``
-    (exact rows) in groups of ``group_size``, the rest (the tail) as runs."""
+    slots: torch.Tensor, visible: tuple[torch.Tensor, torch.Tensor] | None, runs_from: int | None,
+) -> list[_PlannedStep]:
+    """The pass's rows in steps, each with its sub-batch and its attention metadata, built once."""
     device = fb.input_ids.device
-    visible_cpu = None if visible is None else visible.cpu()
-    group_size = ctx.group_size if ctx.grouped else None
-    steps: list[_Step] = []
-    n = int(positions.numel())
-    lo = 0
-    while lo < n:
-        hi = min(n, lo + max(1, ctx.chunk_rows))
-        plan = plan_virtual_requests(positions[lo:hi], visible_cpu, group_size=group_size, runs_from=runs_from)
-        if group_size is None and plan.num_requests > ctx.max_virtual:
-            hi = lo + int(plan.qo_indptr[ctx.max_virtual])
-            plan = plan_virtual_requests(positions[lo:hi], visible_cpu)
-        pos = positions[lo:hi]
-        pos_d = pos.to(device)
-        lens = torch.diff(plan.qo_indptr).tolist()
+    host_visible, device_visible = visible if visible is not None else (None, None)
+    out = []
+    for step in plan_steps(positions, host_visible, chunk_rows=max(1, ctx.chunk_rows), group_size=ctx.group_size,
+                           runs_from=runs_from):
+        pos = step.positions
+        pos_d, ids_d = to_device(device, pos.to(fb.positions.dtype), prompt_ids[pos].to(fb.input_ids.dtype))
         sub = virtual_subbatch(
-            fb, i, lens=lens, seq_lens=plan.seq_lens.tolist(), input_ids=prompt_ids[pos].to(device),
-            positions=pos_d.to(fb.positions.dtype), out_cache_loc=slots[pos_d].to(fb.out_cache_loc.dtype),
+            fb, i, lens=step.lens, seq_lens=step.seq_lens, input_ids=ids_d, positions=pos_d,
+            out_cache_loc=slots[pos_d].to(fb.out_cache_loc.dtype),
         )
-        steps.append(_Step(slice(lo, hi), plan, sub, RowQueries(plan, slots, visible)))
-        lo = hi
-    return steps
+        scope = RowQueries(step, slots, device_visible, host_visible)
+        out.append(_PlannedStep(step, sub, scope, row_query_backend(ctx.backend).ridgefill_prepare(scope, sub)))
+    return out
 
 
 def upper_pass(
@@ -169,8 +164,8 @@ def upper_pass(
     prompt_ids: torch.Tensor,
     x_split: torch.Tensor,
     *,
-    seq_len: int,
-    visible: torch.Tensor | None = None,
+    slots: torch.Tensor,
+    visible: tuple[torch.Tensor, torch.Tensor] | None = None,
     runs_from: int | None = None,
     before_layer: LayerCallback | None = None,
     captures: Sequence[QueryCapture] = (),
@@ -180,8 +175,9 @@ def upper_pass(
     """Layers ``split..L-1`` for the rows of request ``i`` at ``positions`` starting from ``x_split``.
 
     ``positions``: ``[rows]`` int64 CPU, ascending; ``prompt_ids``: ``[N]`` int64 CPU (the request's prompt);
-    ``x_split``: ``[rows, hidden]``; ``visible``: ``[seq_len]`` bool on the device, or ``None``;
-    ``runs_from``: the first tail position (rows below it are grouped on a backend with groups).
+    ``x_split``: ``[rows, hidden]``; ``slots``: ``[seq_len]`` pool slots of the request's positions (device);
+    ``visible``: ``([seq_len] bool host, the same on the device)``, or ``None``;
+    ``runs_from``: the first tail position (rows below it are grouped).
     ``before_layer(layer_id, x_l)`` sees every row's exact layer input (``[rows, hidden]``) before the layer
     runs. ``recurrence(layer_id, x_l)`` runs each recurrent (Gated DeltaNet) layer of a hybrid model for all
     the pass's rows at once (``recurrent.UpperRecurrence``; required when there is one). Returns the
@@ -189,22 +185,17 @@ def upper_pass(
     (``steps``, ``virtual_requests``, ``groups``).
     """
     ad = ctx.adapter
-    req_row = fb.req_pool_indices[i]
-    slots = ctx.req_to_token[req_row, :seq_len]
-    steps = _steps(ctx, fb, i, positions, prompt_ids, slots, visible, runs_from)
+    steps = _planned_steps(ctx, fb, i, positions, prompt_ids, slots, visible, runs_from)
     shape = {
         "steps": len(steps),
-        "virtual_requests": sum(s.plan.num_requests for s in steps),
-        "groups": sum(int(s.plan.is_group.sum()) for s in steps),
+        "virtual_requests": sum(s.step.num_requests for s in steps),
+        "groups": sum(s.step.num_groups for s in steps),
     }
     offset = [0]
     handles = _register_captures(ad, captures, offset)
-    replan = len(steps) > 1
+    attention = row_query_backend(ctx.backend)
     try:
-        hs = [residual_batch.set_written(x_split[s.rows], s.sub) for s in steps]
-        if not replan:
-            with row_queries(steps[0].scope):
-                ctx.backend.init_forward_metadata(steps[0].sub)
+        hs = [residual_batch.set_written(x_split[s.step.rows], s.sub) for s in steps]
         for layer_id in range(split, ad.shape.num_layers):
             recurrent_layer = ad.is_recurrent(layer_id)
             if before_layer is not None or recurrent_layer:
@@ -216,13 +207,12 @@ def upper_pass(
                     # One state per request: the layer runs the pass's rows as one sequence, not step by step.
                     assert recurrence is not None, "a recurrent layer in an upper pass needs its recurrence"
                     x = recurrence(layer_id, x_in)
-                    hs = [residual_batch.set_written(x[s.rows], s.sub) for s in steps]
+                    hs = [residual_batch.set_written(x[s.step.rows], s.sub) for s in steps]
                     continue
             for j, s in enumerate(steps):
-                offset[0] = s.rows.start
+                offset[0] = s.step.rows.start
                 with row_queries(s.scope):
-                    if replan:
-                        ctx.backend.init_forward_metadata(s.sub)
+                    attention.ridgefill_activate(s.prepared)
                     hs[j] = ad.run_layer(layer_id, s.sub.positions, hs[j], s.sub)
         if final_norm:
             out = [residual_batch.final_norm(h, s.sub, ad.model.norm) for h, s in zip(hs, steps)]

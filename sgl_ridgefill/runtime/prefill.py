@@ -5,6 +5,12 @@ filled from the map; the tail rows' split states are kept. Sweep 2, in the chunk
 prompt token: choose the exact rows, then run layers ``S..L-1`` for the exact rows and the whole tail
 together, layer by layer over the filled cache. No tail row reads a row that is about to become exact,
 whatever the chunk size, because the upper layers of the tail only ever run after the selection.
+
+The host waits for the device at most once per request, whatever the number of layers, steps, runs and
+chunks: to read the selection's inputs (attention statistics, probe, the sink flags of the maps' sink rule)
+in one copy, when there are any. The split states of the exact rows come back from host memory ordered on
+the device, not by a host wait (``host_rows.py``). (On hybrid models the terminal-state correction and the
+Gated DeltaNet state slots still read device values per layer: ``recurrent.py``.)
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..attention.staging import to_device
 from ..maps.kinds import sink_rows
 from . import passes, recurrent, selection
 from .corrections import value_rescaler
 from .fill import Fill
+from .host_rows import HostRows
 from .kv import read_kv, write_kv
 
 if TYPE_CHECKING:
@@ -64,12 +72,15 @@ def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
 
 
 def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: int, dtype: torch.dtype, *,
-          recurrent_sinks: bool = False) -> None:
+          chunk_ids: torch.Tensor | None = None, recurrent_sinks: bool = False, sinks: bool = False) -> None:
     """First chunk of a request: check that the batch runs the prompt the state is bound to, note the
     radix-cache hit, decide whether anything is left to fill, and allocate the second sweep's buffers.
 
-    ``recurrent_sinks``: the fill has sink rows (run exactly) and the model upper Gated DeltaNet layers,
-    whose states must then take the whole prefix in order in sweep 2, sinks exact among filled rows."""
+    ``chunk_ids``: ``[n]`` host, the token ids the scheduler put in this chunk (read from the batch, a host
+    sync, when not given). ``sinks``: the maps have a sink rule (the ridgefill arm runs sink rows exactly, and
+    keeps the split states they are gathered from).
+    ``recurrent_sinks``: and the model has upper Gated DeltaNet layers, whose states must then take the
+    whole prefix in order in sweep 2, sinks exact among filled rows."""
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     st.start = p0
     big_n = st.num_tokens
@@ -77,7 +88,7 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         # A kv+context fill needs the split states of the rows before the first one it fills.
         st.run_exact("the radix cache holds part of the prompt, whose split states a kv+context fill needs")
         return
-    ids = fb.input_ids[rows].cpu().long()
+    ids = (chunk_ids if chunk_ids is not None else fb.input_ids[rows].cpu()).long()
     if p0 + n > big_n or not torch.equal(ids, st.prompt_ids[p0 : p0 + n]):
         logger.error("request %s: the batch does not run the prompt it was planned for; running it exactly", fb.rids[i])
         st.run_exact("the scheduler ran another prompt than the one planned")
@@ -92,20 +103,18 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
     device = fb.input_ids.device
     st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
     st.states_in_sweep_two = recurrent_sinks
-    if st.plan.has_selection or st.plan.splice is not None or st.exact_context > p0 or recurrent_sinks:
-        # The new prefix rows' split states wait for the selection at the last chunk. On a GPU they wait in
-        # host memory: they are the size of one layer's activations for the whole prompt, outside SGLang's
-        # memory accounting.
-        where = "cpu" if device.type == "cuda" else device
-        st.prefix_x = torch.empty((st.boundary - p0, hidden_size), dtype=dtype, device=where,
-                                  pin_memory=device.type == "cuda")
+    plan = st.plan
+    if plan.has_selection or plan.splice is not None or st.exact_context > p0 or recurrent_sinks or (sinks and plan.arm == "ridgefill"):
+        # The new prefix rows' split states wait for the exact rows, known at the last chunk.
+        st.prefix_x = HostRows(st.boundary - p0, hidden_size, dtype, device)
     recurrent.begin(st)
 
 
 def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, row0: int, st: RequestState,
-              hidden: torch.Tensor) -> None:
-    """Process request ``i`` of ``fb`` (its rows start at ``row0`` in the batch); write the hidden state of
-    its tail rows into ``hidden`` when this chunk completes the prompt."""
+              hidden: torch.Tensor, *, req_row: int) -> None:
+    """Process request ``i`` of ``fb`` (its rows start at ``row0`` in the batch; ``req_row``: its row of
+    SGLang's request-to-token table, a host int); write the hidden state of its tail rows into ``hidden``
+    when this chunk completes the prompt."""
     ad, plan = ctx.adapter, st.plan
     split, num_layers = plan.split, ad.shape.num_layers
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
@@ -123,15 +132,12 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         passes.fill_pass(ctx, fill, x_split[:n_prefix], z, positions[:n_prefix], slots[:n_prefix])
         sink = ctx.maps.folder.sink if fill.maps is not None else None
         if sink:
-            # Rows the maps were not fitted on (massive activations) run exactly.
-            flagged = sink_rows(positions[:n_prefix], x_split[:n_prefix], **sink)
-            st.sink_rows.extend(positions[:n_prefix][flagged].tolist())
-            if st.prefix_x is None:  # no selection: the sinks are the only exact prefix rows
-                st.sink_x.append(x_split[:n_prefix][flagged.to(x_split.device)])
+            # Rows the maps were not fitted on (massive activations) run exactly; read at the last chunk.
+            st.sink_flags.append((p0, sink_rows(positions[:n_prefix], x_split[:n_prefix], **sink)))
         if recurrent.fills_states_in_sweep_one(st):  # a model without upper recurrent layers: nothing to fill
             recurrent.fill_states(ctx, fb, i, st, x_split[:n_prefix], p0)
     if n_prefix and st.prefix_x is not None:
-        st.prefix_x[p0 - st.start : p0 - st.start + n_prefix].copy_(x_split[:n_prefix], non_blocking=True)
+        st.prefix_x.write(p0 - st.start, x_split[:n_prefix])
     if n_prefix < n:
         st.tail_x[p0 + n_prefix - boundary : p0 + n - boundary] = x_split[n_prefix:]
     if p0 + n < big_n:
@@ -139,11 +145,12 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
 
     # Sweep 2: the selection, then exact rows and tail through the upper layers.
     device = fb.input_ids.device
-    req_slots = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
+    req_slots = ctx.req_to_token[req_row, :big_n]
     if plan.splice is not None:
-        splice_prefix(ctx, fb, i, st)
-    probes = {req: run_probe(ctx, fb, i, st, req.rows) for req in _requirements(st) if _is_probe(req)}
+        splice_prefix(ctx, fb, i, st, req_slots)
+    probes = {req: run_probe(ctx, fb, i, st, req.rows, req_slots) for req in _requirements(st) if _is_probe(req)}
     statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
+    statistics, probes = _read_selection_inputs(st, statistics, probes)
     if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
         ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])
     exact = selection.select_rows(st, statistics, probes, tokens=res.tokens, token_counts=res.token_counts)
@@ -157,20 +164,21 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     all_pos = torch.cat([exact, tail_pos])
     x_rows = st.tail_x
     if exact.numel():
-        # Without a selection the exact rows are the sinks, in position order as they were kept.
-        x_exact = st.prefix_x[exact - st.start] if st.prefix_x is not None else torch.cat(st.sink_x)
-        x_rows = torch.cat([x_exact.to(device, non_blocking=True), st.tail_x])
+        x_rows = torch.cat([st.prefix_x.gather(exact - st.start), st.tail_x])
     visible = None
     if plan.arm == "nofill":
-        visible = torch.zeros(big_n, dtype=torch.bool, device=device)
-        visible[: st.start] = True
-        visible[all_pos.to(device)] = True
+        shown = torch.zeros(big_n, dtype=torch.bool)
+        shown[: st.start] = True
+        shown[all_pos] = True
+        visible = (shown, to_device(device, shown)[0])
     before_layer = None
     if plan.value_rescale:
         before_layer = value_rescaler(ctx, fill, st, exact, x_rows, slots=req_slots)
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
+    if recurrence is None:
+        st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
     out, shape = passes.upper_pass(
-        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, seq_len=big_n, visible=visible, runs_from=boundary,
+        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, slots=req_slots, visible=visible, runs_from=boundary,
         before_layer=before_layer, recurrence=recurrence,
     )
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
@@ -189,10 +197,26 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         st.stats.update(selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
     if recurrence is not None and recurrence.rho:
         st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
-    if plan.arm == "nofill":
-        st.hidden_keys = ~visible[:boundary].cpu()
+    if visible is not None:
+        st.hidden_keys = ~visible[0][:boundary]
     st.prefill_done = True
     st.free_buffers()
+
+
+def _read_selection_inputs(st: RequestState, statistics: dict, probes: dict) -> tuple[dict, dict]:
+    """The selection's inputs on the host, read from the device in one copy: the attention statistics and the
+    probes (``[B]`` each), and the sink flags of every chunk, which become ``st.sink_rows``."""
+    parts = [*statistics.values(), *probes.values(), *(flags for _, flags in st.sink_flags)]
+    if not parts:
+        return statistics, probes
+    flat = torch.cat([p.reshape(-1).float() for p in parts]).cpu()  # the request's one read of its selection
+    values = iter(flat.split([p.numel() for p in parts]))
+    statistics = {key: next(values) for key in statistics}
+    probes = {key: next(values) for key in probes}
+    for first, _ in st.sink_flags:
+        st.sink_rows.extend((torch.nonzero(next(values)).flatten() + first).tolist())
+    st.sink_flags = []
+    return statistics, probes
 
 
 def _is_probe(req) -> bool:
@@ -201,12 +225,13 @@ def _is_probe(req) -> bool:
     return isinstance(req, ProbeRequirement)
 
 
-def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) -> None:
+def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, slots: torch.Tensor) -> None:
     """Diagnostic for the splice tests (``plan.splice``): the new prefix rows run the exact upper layers
     (writing exact K/V), then every filled row's K/V is rewritten from the fill with exact keys
     (``keys``), exact values (``values``), both (``both``), or the filled keys rescaled to the exact keys'
     per-head norms (``key_norm``), in every upper layer or in the layers ``@first-last`` names (the others
-    keep the fill). Costs a full exact prefill of the prefix; normal requests never get here."""
+    keep the fill). Costs a full exact prefill of the prefix; normal requests never get here. ``slots``:
+    ``[N]`` the request's pool slots."""
     from ..request_schema import parse_splice
 
     ad, plan = ctx.adapter, st.plan
@@ -215,10 +240,10 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
     pos = torch.arange(st.start, st.boundary, dtype=torch.long)
     if not pos.numel():
         return
-    prefix_x = st.prefix_x.to(device)
-    passes.upper_pass(ctx, fb, i, split, pos, st.prompt_ids, prefix_x, seq_len=st.num_tokens, final_norm=False)
-    pos_d = pos.to(device)
-    slots = ctx.req_to_token[fb.req_pool_indices[i], pos_d]
+    prefix_x = st.prefix_x.read()
+    passes.upper_pass(ctx, fb, i, split, pos, st.prompt_ids, prefix_x, slots=slots, final_norm=False)
+    (pos_d,) = to_device(device, pos)
+    slots = slots[pos_d]
     fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
     z, _ = fill.features(prefix_x)  # from the start of the prompt: a kv+context plan never starts later
     for layer_id in ad.attention_layers:
@@ -238,20 +263,23 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState) 
         write_kv(ctx.pool, ad.attention(layer_id), slots, k, v, physical=ctx.physical)
 
 
-def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int) -> torch.Tensor:
+def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int, slots: torch.Tensor) -> torch.Tensor:
     """The probe (SPEC.md): the last ``rows`` prompt rows run the exact upper layers over the filled cache,
     before the rest of the tail exists there; returns the attention every prefix row receives from them,
-    summed over heads, probe rows and upper layers: ``[B]`` float32. The probe rows' upper-layer K/V are
-    rewritten when the tail runs."""
+    summed over heads, probe rows and upper layers: ``[B]`` float32 on the device. The probe rows' upper-layer
+    K/V are rewritten when the tail runs. ``slots``: ``[N]`` the request's pool slots."""
     ad, plan = ctx.adapter, st.plan
     big_n, boundary, split = st.num_tokens, st.boundary, plan.split
     r = min(rows, big_n - boundary)
     device = fb.input_ids.device
     pos = torch.arange(big_n - r, big_n, dtype=torch.long)
-    visible = torch.ones(big_n, dtype=torch.bool, device=device)
-    visible[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
+    shown = torch.ones(big_n, dtype=torch.bool)
+    shown[boundary : big_n - r] = False  # tail rows whose upper layers have not run yet
     if plan.arm == "nofill":
-        visible[st.start : boundary] = False
+        shown[st.start : boundary] = False
+    key_pos = torch.nonzero(shown).flatten()  # ascending: the prefix keys come first
+    in_prefix = int((key_pos < boundary).sum())
+    shown_d, key_pos_d, pos_d = to_device(device, shown, key_pos, pos)
     sinks = {layer_id: [] for layer_id in ad.attention_layers if layer_id >= split}
     captures = [(layer_id, 0, r, sink) for layer_id, sink in sinks.items()]
     # Upper recurrent layers (hybrid models): the probe rows start from empty states, as in the paper.
@@ -259,18 +287,15 @@ def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows
     recurrence = recurrent.UpperRecurrence(ctx, fb, i, st, pos, prefix_from_map=False, prefix_len=0) if states else None
     with recurrent.empty_states(ctx, fb, i, states):
         passes.upper_pass(
-            ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], seq_len=big_n, visible=visible,
+            ctx, fb, i, split, pos, st.prompt_ids, st.tail_x[-r:], slots=slots, visible=(shown, shown_d),
             captures=captures, final_norm=False, recurrence=recurrence,
         )
-    key_pos = torch.nonzero(visible).flatten()
-    slots_all = ctx.req_to_token[fb.req_pool_indices[i], :big_n]
-    total = torch.zeros(boundary, dtype=torch.float32)
-    in_prefix = key_pos < boundary
-    pos_d = pos.to(device)
+    key_slots = slots[key_pos_d]
+    total = torch.zeros(boundary, dtype=torch.float32, device=device)
     for layer_id, sink in sinks.items():
         q = torch.cat(sink).reshape(r, -1, ad.shape.head_dim).float()
-        k = ctx.pool.get_key_buffer(layer_id)[slots_all[key_pos]].float()
+        k = ctx.pool.get_key_buffer(layer_id)[key_slots].float()
         scale = ad.attention(layer_id).scaling
-        received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos)
-        total[key_pos[in_prefix].cpu()] += received[in_prefix].cpu()
+        received = selection.attention_received(q, k, pos_d, scale, k_pos=key_pos_d)
+        total.index_add_(0, key_pos_d[:in_prefix], received[:in_prefix])
     return total

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..attention.staging import to_device
 from ..cpu import gdn_ops
 from .subbatch import virtual_subbatch
 
@@ -322,19 +323,19 @@ class UpperRecurrence:
             if lo == boundary:
                 self._correct(layer_id, sums)
             idx = in_pass[lo - start : hi - start]
-            exact = idx >= 0
+            exact = idx >= 0  # host
+            exact_rows, filled_rows = torch.nonzero(exact).flatten(), torch.nonzero(~exact).flatten()
+            keep, source, filled = to_device(device, exact_rows, idx[exact], filled_rows)
             x_in = torch.empty((hi - lo, x.shape[1]), dtype=x.dtype, device=device)
-            if bool(exact.any()):
-                x_in[exact.to(device)] = x[idx[exact].to(device)]
-            if not bool(exact.all()):
-                filled_pos = torch.nonzero(~exact).flatten() + lo
-                x_split = st.prefix_x[filled_pos - start].to(device, non_blocking=True)
-                x_in[(~exact).to(device)] = _predict(ctx, st, layer_id, x_split)
+            if exact_rows.numel():
+                x_in[keep] = x[source]
+            if filled_rows.numel():
+                x_split = st.prefix_x.gather(filled_rows + lo - start)
+                x_in[filled] = _predict(ctx, st, layer_id, x_split)
             h, mixed_qkv, a, b = ad.gdn_inputs(layer_id, x_in)
             core = run_sequence(ctx, self.fb, self.i, layer_id, mixed_qkv, a, b, prefix_len=lo)
             if sums is not None and lo < boundary:
                 sums.add(layer_id, ad.gdn_gates(layer_id, a), ~exact)
-            keep = exact.to(device)
             outs_h.append(h[keep])
             outs_core.append(core[keep])
         h, core = torch.cat(outs_h), torch.cat(outs_core)

@@ -7,6 +7,7 @@ forward and the request hooks find it through :func:`get_runtime`. A request's s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ import torch
 
 from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
-from .passes import PassContext
+from .passes import GROUP_SIZE, PassContext, plan_batch
 from .prefill import SelectionResources
 from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sgl_ridgefill")
 
 _RUNTIME: RidgeFillRuntime | None = None
-GROUP_SIZE = 64  # rows per virtual request of the grouped mode (scattered exact rows)
 _WARN_EVERY_S = 60.0
 
 
@@ -67,10 +67,11 @@ class RidgeFillRuntime:
         maps: MapsStore | None = None,
         resources: SelectionResources = SelectionResources(),
         chunk_rows: int = 8192,
-        group_size: int | None = GROUP_SIZE,
+        group_size: int = GROUP_SIZE,
         live: LiveRequests = LIVE,
         tp: TensorParallel | None = None,
         recurrent=None,
+        census=None,
     ):
         self.config = config
         self.adapter = adapter
@@ -82,6 +83,7 @@ class RidgeFillRuntime:
         self.live = live
         self.tp = tp
         self.recurrent = recurrent  # hybrid models: recurrent.RecurrentResources
+        self.census = census  # gpu_check.census_log.CensusLog when RIDGEFILL_CENSUS names a file, else None
         self._warned: dict[str, float] = {}
 
     @property
@@ -127,6 +129,11 @@ class RidgeFillRuntime:
             or not self.live.has_work(fb.rids)
         ):
             return original(lm, input_ids, positions, fb, *args, **kwargs)
+        census = self.census.forward(self, fb) if self.census is not None else contextlib.nullcontext()
+        with census:
+            return self._forward(original, lm, input_ids, positions, fb, *args, **kwargs)
+
+    def _forward(self, original, lm, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, *args, **kwargs):
         hidden_size = self.adapter.shape.hidden_size
         dtype = self.adapter.model.embed_tokens.weight.dtype
         starts = request_row_starts(fb)
@@ -134,8 +141,10 @@ class RidgeFillRuntime:
         for i, rid in enumerate(fb.rids):
             st = self.live.state(rid)
             if st is not None and st.runs and st.start < 0:
-                rows = slice(starts[i], starts[i] + int(fb.extend_seq_lens_cpu[i]))
-                prefill.begin(st, fb, i, rows, hidden_size, dtype, recurrent_sinks=self._recurrent_sinks(st))
+                n = int(fb.extend_seq_lens_cpu[i])
+                rows = slice(starts[i], starts[i] + n)
+                prefill.begin(st, fb, i, rows, hidden_size, dtype, chunk_ids=self._chunk_ids(rid, fb, i, n),
+                              recurrent_sinks=self._recurrent_sinks(st), sinks=self._sinks())
                 if st.exact_reason is not None:
                     self._finish(rid, st)
             work.append(st if st is not None and st.runs else None)
@@ -165,7 +174,8 @@ class RidgeFillRuntime:
                     continue
                 try:
                     with recurrent.restored_on_failure(ctx, fb, i):
-                        prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden)
+                        prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden,
+                                          req_row=self._req_row(fb, i))
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
                     logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
                     st.fail(f"RidgeFill failed ({type(e).__name__}: {e})",
@@ -175,13 +185,33 @@ class RidgeFillRuntime:
                         stop_request(req, st.stop_reason)
                 if st.prefill_done or st.exact_reason is not None:
                     self._finish(fb.rids[i], st)
-            backend.init_forward_metadata(fb)
+            plan_batch(backend, fb)
             return lm.logits_processor(input_ids, hidden, lm.lm_head, fb)
+
+    def _chunk_ids(self, rid: str, fb: ForwardBatch, i: int, n: int) -> torch.Tensor | None:
+        """The token ids SGLang put in request ``i``'s chunk, from its ``Req`` on the host (the ids the batch
+        was built from: its fill ids past the cached prefix), or ``None`` to read them from the batch."""
+        req = self.live.req(rid)
+        fill_ids = getattr(req, "get_fill_ids", None)
+        if fill_ids is None:
+            return None
+        p0 = int(fb.extend_prefix_lens_cpu[i])
+        return torch.tensor(list(fill_ids()[p0 : p0 + n]), dtype=torch.long)
+
+    @staticmethod
+    def _req_row(fb: ForwardBatch, i: int) -> int:
+        """Request ``i``'s row of SGLang's request-to-token table, from the batch's host copy where it has one."""
+        if fb.req_pool_indices_cpu is not None:
+            return int(fb.req_pool_indices_cpu[i])
+        return int(fb.req_pool_indices[i])
+
+    def _sinks(self) -> bool:
+        return self.maps is not None and bool(self.maps.folder.sink)
 
     def _run_exact(self, backend, fb: ForwardBatch, idx: list[int], hidden: torch.Tensor) -> None:
         """SGLang's own layers for the requests ``idx`` of the batch, as a batch of their own."""
         sub, rows = requests_subbatch(fb, idx)
-        backend.init_forward_metadata(sub)
+        plan_batch(backend, sub)
         out = self.adapter.model(sub.input_ids, sub.positions, sub)
         hidden[rows] = out if isinstance(out, torch.Tensor) else out[0]
 
@@ -200,6 +230,8 @@ class RidgeFillRuntime:
         req = self.live.req(rid)
         if req is not None:
             report(req, summary)
+        if self.census is not None:
+            self.census.finish(rid, summary)
         if self.tp is not None and not self.tp.first:
             return  # every rank runs the same requests: rank 0 logs and counts them
         if st.exact_reason is not None:

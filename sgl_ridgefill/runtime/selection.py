@@ -2,8 +2,9 @@
 
 The selectors themselves are engine-free (``sgl_ridgefill.selectors``); this module gathers what they
 need from the request's cache: the queries captured in the lower layers and the keys in the KV pool, turned
-into "attention received per prefix row" without materialising the attention matrix. Rows below the
-request's radix-cache hit (``start``) are exact already and never selected.
+into "attention received per prefix row" without materialising the attention matrix. The statistics stay on
+the device until the prefill reads all of a request's selection inputs in one copy (``prefill.py``). Rows
+below the request's radix-cache hit (``start``) are exact already and never selected.
 """
 
 from __future__ import annotations
@@ -64,21 +65,22 @@ def attention_received(
 
     if k_pos is None:
         k_pos = torch.arange(k.shape[0], device=k.device)
-    return kernel(q, k, q_pos.to(k.device), k_pos.to(k.device), scale, block=block)
+    return kernel(q, k, q_pos, k_pos, scale, block=block)
 
 
 def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots: torch.Tensor) -> dict:
-    """Attention received by every prefix row (``[B]`` float32, CPU) per ``AttentionRequirement``, from the
-    queries captured in the lower layers and the keys in the pool. ``slots``: ``[N]`` pool indices."""
+    """Attention received by every prefix row (``[B]`` float32, on the device) per ``AttentionRequirement``,
+    from the queries captured in the lower layers and the keys in the pool. ``slots``: ``[N]`` pool indices."""
     from ..selectors.base import AttentionRequirement
 
     ad = ctx.adapter
+    device = slots.device
     out = {}
     for req in requirements:
         if not isinstance(req, AttentionRequirement):
             continue
         lo, hi = query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
-        total = torch.zeros(st.boundary, dtype=torch.float32)
+        total = torch.zeros(st.boundary, dtype=torch.float32, device=device)
         for layer_id in req.layers:
             chunks = st.queries.get((req, layer_id), [])
             if not chunks or hi <= lo:
@@ -86,8 +88,8 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
             q = torch.cat(chunks).reshape(hi - lo, -1, ad.shape.head_dim)
             k = ctx.pool.get_key_buffer(layer_id)[slots[:hi]]
             scale = ad.attention(layer_id).scaling
-            received = attention_received(q.float(), k.float(), torch.arange(lo, hi), scale)
-            total += received[: st.boundary].cpu()
+            received = attention_received(q.float(), k.float(), torch.arange(lo, hi, device=device), scale)
+            total += received[: st.boundary]
         out[req] = total
     return out
 

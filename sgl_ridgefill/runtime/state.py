@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..maps.kinds import ContextState
+from .host_rows import HostRows
 from .plan import RequestPlan
 
 ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
@@ -60,9 +61,10 @@ class RequestState:
     # Why the request must stop with an error after a failure (None: the exact fallback can answer it).
     stop_reason: str | None = None
     released: bool = False
-    # Split states kept for the second sweep: the tail's, and the new prefix rows' when rows get selected.
+    # Split states kept for the second sweep: the tail's (device), and the new prefix rows' (host memory)
+    # when rows get selected or the maps have sink rows.
     tail_x: torch.Tensor | None = None  # [T, d]
-    prefix_x: torch.Tensor | None = None  # [B - start, d]
+    prefix_x: HostRows | None = None  # [B - start, d]
     # Query rows captured in the lower layers for attention statistics: (requirement, layer) -> [[rows, q*d]]
     queries: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)  # filled, exact and tail rows etc. (logs, metrics, meta_info)
@@ -70,7 +72,8 @@ class RequestState:
     hidden_keys: torch.Tensor | None = None
     context: ContextState | None = None  # a kv+context fill's state after the last row it saw
     sink_rows: list[int] = field(default_factory=list)  # prefix rows the maps were not fitted on (run exactly)
-    sink_x: list[torch.Tensor] = field(default_factory=list)  # their split states when prefix_x is not kept
+    # Until the last chunk reads them: per chunk, its first prefix position and its sink flags ([m] bool, device).
+    sink_flags: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     # Hybrid models with the terminal-state correction: the upper GDN layers' gate sums (recurrent.GateSums).
     recurrent: Any = None
     # Hybrid models whose fill has sink rows: the upper GDN states take the prefix in sweep 2 (prefill.begin).
@@ -140,7 +143,7 @@ class RequestState:
 
     def free_buffers(self) -> None:
         self.tail_x = self.prefix_x = self.context = None
-        self.sink_x = []
+        self.sink_flags = []
         self.queries.clear()
 
     def release(self) -> None:

@@ -2,7 +2,9 @@
 
 RidgeFill runs a chunk in several passes (lower layers, fill, exact rows and tail), each over a
 ``dataclasses.replace`` copy of SGLang's batch with the per-request fields narrowed. The copy gets its own
-``residual_stream``; the attention backend is re-planned for it by the caller.
+``residual_stream``; the attention backend is planned for it by the caller. The narrowed fields are computed
+on the host (from the batch's host lists and the caller's host plans) and sent in one non-blocking copy
+(``attention/staging.py``), so building a sub-batch never waits for the device.
 
 Rows of one request at arbitrary positions are described as *virtual requests* of that request
 (``sgl_ridgefill.attention.planner``): virtual request ``j`` has ``lens[j]`` query rows and a context of
@@ -16,6 +18,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
+
+from ..attention.staging import to_device
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -51,12 +55,13 @@ def _no_mamba_tracking(fb: ForwardBatch) -> dict:
     return {name: None for name in _MAMBA_TRACKING if getattr(fb, name, None) is not None}
 
 
-def _pick_mamba_tracking(fb: ForwardBatch, idx: list[int]) -> dict:
-    """The tracking of the requests ``idx`` (the copy-on-write and clears already ran before the forward)."""
+def _pick_mamba_tracking(fb: ForwardBatch, idx: list[int], index: torch.Tensor) -> dict:
+    """The tracking of the requests ``idx`` (the copy-on-write and clears already ran before the forward);
+    ``index``: ``idx`` on the device."""
     out = _no_mamba_tracking(fb)
     for name in ("mamba_track_indices", "mamba_track_mask", "mamba_track_seqlens"):
         if getattr(fb, name, None) is not None:
-            out[name] = _pick_tensor(getattr(fb, name), idx)
+            out[name] = getattr(fb, name)[index]
     for name in ("mamba_prefill_track_mask_cpu", "mamba_track_seqlens_cpu"):
         if getattr(fb, name, None) is not None:
             out[name] = _pick(getattr(fb, name), idx)
@@ -67,41 +72,41 @@ def _pick(seq, idx: list[int]):
     return None if seq is None else [seq[i] for i in idx]
 
 
-def _pick_tensor(t: torch.Tensor | None, idx: list[int]) -> torch.Tensor | None:
-    if t is None:
-        return None
-    return t[torch.tensor(idx, dtype=torch.long, device=t.device)]
+def _pick_host(t: torch.Tensor | None, idx: list[int]) -> torch.Tensor | None:
+    return None if t is None else t[idx]
 
 
 def requests_subbatch(fb: ForwardBatch, idx: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
     """The requests ``idx`` of ``fb`` as a batch of their own; also returns their row indices in ``fb``."""
     starts = request_row_starts(fb)
-    rows = torch.cat(
-        [torch.arange(starts[i], starts[i] + int(fb.extend_seq_lens_cpu[i]), dtype=torch.long) for i in idx]
-    ).to(fb.input_ids.device)
     ext_lens = [int(fb.extend_seq_lens_cpu[i]) for i in idx]
-    dev = fb.seq_lens.device
-    ext_lens_t = torch.tensor(ext_lens, dtype=fb.extend_seq_lens.dtype, device=dev)
-    start_loc = torch.zeros_like(ext_lens_t)
-    if len(ext_lens) > 1:
-        start_loc[1:] = torch.cumsum(ext_lens_t, 0)[:-1]
-    seq_lens = _pick_tensor(fb.seq_lens, idx)
+    rows_host = torch.cat([torch.arange(starts[i], starts[i] + n, dtype=torch.long) for i, n in zip(idx, ext_lens)])
+    ext_host = torch.tensor(ext_lens, dtype=fb.extend_seq_lens.dtype)
+    start_host = torch.cumsum(ext_host, 0) - ext_host
+    rows, index, ext_lens_t, start_loc = to_device(
+        fb.input_ids.device, rows_host, torch.tensor(idx, dtype=torch.long), ext_host, start_host
+    )
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[index]
+
+    seq_lens_cpu = _pick_host(fb.seq_lens_cpu, idx)
     sub = dataclasses.replace(
         fb,
         batch_size=len(idx),
         input_ids=fb.input_ids[rows],
         positions=fb.positions[rows],
         out_cache_loc=fb.out_cache_loc[rows],
-        req_pool_indices=_pick_tensor(fb.req_pool_indices, idx),
-        req_pool_indices_cpu=_pick_tensor(fb.req_pool_indices_cpu, idx),
-        seq_lens=seq_lens,
-        seq_lens_cpu=_pick_tensor(fb.seq_lens_cpu, idx),
-        seq_lens_sum=int(seq_lens.sum().item()),
-        orig_seq_lens=_pick_tensor(fb.orig_seq_lens, idx),
+        req_pool_indices=pick(fb.req_pool_indices),
+        req_pool_indices_cpu=_pick_host(fb.req_pool_indices_cpu, idx),
+        seq_lens=pick(fb.seq_lens),
+        seq_lens_cpu=seq_lens_cpu,
+        seq_lens_sum=int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(fb.seq_lens[index].sum()),
+        orig_seq_lens=pick(fb.orig_seq_lens),
         extend_num_tokens=sum(ext_lens),
         extend_seq_lens=ext_lens_t,
         extend_seq_lens_cpu=ext_lens,
-        extend_prefix_lens=_pick_tensor(fb.extend_prefix_lens, idx),
+        extend_prefix_lens=pick(fb.extend_prefix_lens),
         extend_prefix_lens_cpu=_pick(fb.extend_prefix_lens_cpu, idx),
         extend_start_loc=start_loc,
         extend_logprob_start_lens_cpu=_pick(fb.extend_logprob_start_lens_cpu, idx),
@@ -111,7 +116,7 @@ def requests_subbatch(fb: ForwardBatch, idx: list[int]) -> tuple[ForwardBatch, t
         lora_ids=_pick(fb.lora_ids, idx),
         residual_stream=None,
         **_row_count_fields(fb, sum(ext_lens)),
-        **_pick_mamba_tracking(fb, idx),
+        **_pick_mamba_tracking(fb, idx, index),
     )
     return sub, rows
 
@@ -134,17 +139,16 @@ def virtual_subbatch(
     """
     r, n = len(lens), int(positions.numel())
     assert r == len(seq_lens) and sum(lens) == n, (lens, seq_lens, n)
-    dev = fb.seq_lens.device
     prefix = [s - m for s, m in zip(seq_lens, lens)]
 
-    def on_device(values: list[int], like: torch.Tensor | None) -> torch.Tensor:
-        dtype = like.dtype if like is not None else torch.int64
-        return torch.tensor(values, dtype=dtype, device=dev)
+    def host(values: list[int], like: torch.Tensor | None) -> torch.Tensor:
+        return torch.tensor(values, dtype=like.dtype if like is not None else torch.int64)
 
-    lens_t = on_device(lens, fb.extend_seq_lens)
-    start_loc = torch.zeros_like(lens_t)
-    if r > 1:
-        start_loc[1:] = torch.cumsum(lens_t, 0)[:-1]
+    lens_host = host(lens, fb.extend_seq_lens)
+    seq_lens_t, lens_t, prefix_t, start_loc = to_device(
+        fb.seq_lens.device, host(seq_lens, fb.seq_lens), lens_host, host(prefix, fb.extend_prefix_lens),
+        torch.cumsum(lens_host, 0) - lens_host,
+    )
     one = slice(req, req + 1)
     seq_cpu_dtype = fb.seq_lens_cpu.dtype if fb.seq_lens_cpu is not None else torch.int64
     return dataclasses.replace(
@@ -155,14 +159,14 @@ def virtual_subbatch(
         out_cache_loc=out_cache_loc,
         req_pool_indices=fb.req_pool_indices[one].repeat(r),
         req_pool_indices_cpu=None if fb.req_pool_indices_cpu is None else fb.req_pool_indices_cpu[one].repeat(r),
-        seq_lens=on_device(seq_lens, fb.seq_lens),
+        seq_lens=seq_lens_t,
         seq_lens_cpu=torch.tensor(seq_lens, dtype=seq_cpu_dtype),
         seq_lens_sum=sum(seq_lens),
         orig_seq_lens=None if fb.orig_seq_lens is None else fb.orig_seq_lens[one].repeat(r),
         extend_num_tokens=n,
         extend_seq_lens=lens_t,
         extend_seq_lens_cpu=list(lens),
-        extend_prefix_lens=on_device(prefix, fb.extend_prefix_lens),
+        extend_prefix_lens=prefix_t,
         extend_prefix_lens_cpu=prefix,
         extend_start_loc=start_loc,
         extend_logprob_start_lens_cpu=list(lens),

@@ -12,13 +12,8 @@ from typing import Callable
 
 import torch
 
-from sgl_ridgefill.attention.planner import (
-    VirtualRequests,
-    decode_kv_lists,
-    plan_virtual_requests,
-    split_by_kind,
-    triton_extend_args,
-)
+from sgl_ridgefill.attention.metadata import decode_kv_lists, triton_group_args, triton_run_args
+from sgl_ridgefill.attention.planner import VirtualRequests, plan_groups, plan_virtual_requests
 from tests.support.attention_emulators import reference_attention
 from tests.support.interpreter import main
 
@@ -61,7 +56,7 @@ class Scene:
         """SGLang's ``extend_attention_fwd`` over the plan ``vr`` of the sub-pass rows ``rows``."""
         from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-        a = triton_extend_args(vr, self.slots)
+        a = triton_group_args(vr, self.slots) if vr.has_groups else triton_run_args(vr, self.slots)
         own = self.slots[vr.positions]  # the rows' K/V, as k_extend / v_extend
         out = torch.zeros(rows.numel(), Q_HEADS, HEAD_DIM)
         extend_attention_fwd(
@@ -73,8 +68,11 @@ class Scene:
         )
         return out
 
-    def plan(self, group_size: int | None = None) -> VirtualRequests:
-        return plan_virtual_requests(POSITIONS, self.visible, group_size=group_size)
+    def plan(self) -> VirtualRequests:
+        return plan_virtual_requests(POSITIONS, self.visible)
+
+    def groups(self, group_size: int, positions: torch.Tensor = POSITIONS) -> VirtualRequests:
+        return plan_groups(positions, self.visible, group_size=group_size)
 
 
 def _all_rows() -> torch.Tensor:
@@ -95,20 +93,19 @@ def extend_runs_compacted() -> tuple[torch.Tensor, torch.Tensor]:
 
 @case
 def extend_groups_one_launch_compacted() -> tuple[torch.Tensor, torch.Tensor]:
-    # G = 4: groups of scattered rows and runs, all under the custom mask with skip_extend.
+    # G = 4: every row (scattered rows and the tail) in groups under the device-built mask, skip_extend.
     s = Scene(3, hide=0.3)
-    vr = s.plan(group_size=4)
-    assert vr.has_groups and not bool(vr.is_group.all())
-    return s.extend(vr, _all_rows()), s.reference()
+    return s.extend(s.groups(4), _all_rows()), s.reference()
 
 
 @case
 def extend_groups_and_runs_two_launches() -> tuple[torch.Tensor, torch.Tensor]:
+    # The runtime's step: the rows before the tail in groups (masked), the tail as a run (no mask).
     s = Scene(4, hide=0.3)
-    runs, run_rows, groups, group_rows = split_by_kind(s.plan(group_size=4))
+    cut = int((POSITIONS < 72).sum())
     out = torch.zeros(POSITIONS.numel(), Q_HEADS, HEAD_DIM)
-    out[run_rows] = s.extend(runs, run_rows)
-    out[group_rows] = s.extend(groups, group_rows)
+    out[:cut] = s.extend(s.groups(4, POSITIONS[:cut]), torch.arange(cut))
+    out[cut:] = s.extend(plan_virtual_requests(POSITIONS[cut:], s.visible), torch.arange(cut, POSITIONS.numel()))
     return out, s.reference()
 
 
@@ -121,7 +118,7 @@ def extend_runs_compacted_page_size_4() -> tuple[torch.Tensor, torch.Tensor]:
 @case
 def extend_groups_page_size_4() -> tuple[torch.Tensor, torch.Tensor]:
     s = Scene(6, page_size=4)
-    return s.extend(s.plan(group_size=8), _all_rows()), s.reference()
+    return s.extend(s.groups(8), _all_rows()), s.reference()
 
 
 @case

@@ -1,5 +1,6 @@
-"""Property tests of ``sgl_ridgefill.attention.planner``: every backend convention admits exactly the pairs
-``{(p, k): k <= p, visible[k]}`` and, through an emulator of that backend, gives the reference attention."""
+"""Property tests of ``sgl_ridgefill.attention.planner``, ``metadata`` and ``steps``: every backend convention
+admits exactly the pairs ``{(p, k): k <= p, visible[k]}`` and, through an emulator of that backend, gives the
+reference attention; runs carry no mask and groups a device-built one of ``rows x (keys + rows)`` entries."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sgl_ridgefill.attention.planner import (
-    VirtualRequests,
+from sgl_ridgefill import ledger
+from sgl_ridgefill.attention.metadata import (
     decode_kv_lists,
     fa3_args,
     flashinfer_paged_args,
-    plan_virtual_requests,
-    runs_of,
-    split_by_kind,
-    triton_extend_args,
+    triton_group_args,
+    triton_run_args,
 )
+from sgl_ridgefill.attention.planner import VirtualRequests, plan_groups, plan_virtual_requests, runs_of
+from sgl_ridgefill.attention.steps import plan_steps
 from tests.support.attention_emulators import (
     decode_emulator,
     fa3_kvcache_emulator,
@@ -62,7 +63,22 @@ class SubPass:
     runs_from: int | None = None  # with group_size: rows from here on are runs (a RidgeFill tail)
 
     def plan(self) -> VirtualRequests:
-        return plan_virtual_requests(self.positions, self.visible, group_size=self.group_size, runs_from=self.runs_from)
+        """Every row in runs."""
+        return plan_virtual_requests(self.positions, self.visible)
+
+    def parts(self) -> list[tuple[VirtualRequests, torch.Tensor]]:
+        """(plan, its rows of the sub-pass): the rows below ``runs_from`` in groups of ``group_size`` (every
+        row when ``runs_from`` is None), the rest in runs; without ``group_size`` every row in runs."""
+        if self.group_size is None:
+            return [(self.plan(), torch.arange(self.positions.numel()))]
+        cut = self.positions.numel() if self.runs_from is None else int((self.positions < self.runs_from).sum())
+        out = []
+        if cut:
+            out.append((plan_groups(self.positions[:cut], self.visible, group_size=self.group_size), torch.arange(cut)))
+        if cut < self.positions.numel():
+            rows = torch.arange(cut, self.positions.numel())
+            out.append((plan_virtual_requests(self.positions[cut:], self.visible), rows))
+        return out
 
     def expected_pairs(self) -> torch.Tensor:
         """[n, seq_len] int: 1 where the query row may attend to the key position."""
@@ -154,16 +170,11 @@ def flashinfer_pairs(args, pool: Pool) -> torch.Tensor:
     n = int(args.qo_indptr[-1])
     counts = torch.zeros(n, pool.slots.numel(), dtype=torch.int64)
     key_position = pool.position_of_slot
-    mask_start = 0
     for b in range(args.qo_indptr.numel() - 1):
         q0, q1 = int(args.qo_indptr[b]), int(args.qo_indptr[b + 1])
         keys = key_position[args.kv_indices[int(args.kv_indptr[b]) : int(args.kv_indptr[b + 1])].long()]
         m, kv = q1 - q0, keys.numel()
-        if args.custom_mask is None:
-            allowed = torch.ones(m, kv).tril(diagonal=kv - m)  # bottom-right causal
-        else:
-            allowed = args.custom_mask[mask_start : mask_start + m * kv].view(m, kv)
-            mask_start += m * kv
+        allowed = torch.ones(m, kv).tril(diagonal=kv - m)  # bottom-right causal
         counts[q0:q1].index_add_(1, keys, allowed.long())
     return counts
 
@@ -190,14 +201,14 @@ def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> torc
     return out
 
 
-def triton_split_pairs(vr: VirtualRequests, pool: Pool) -> torch.Tensor:
-    runs, run_rows, groups, group_rows = split_by_kind(vr)
-    parts = [
-        (triton_pairs(triton_extend_args(part, pool.slots), part.positions, pool), rows)
-        for part, rows in ((runs, run_rows), (groups, group_rows))
-        if part is not None
-    ]
-    return scatter_rows(parts, vr.num_rows)
+def part_args(vr: VirtualRequests, slots: torch.Tensor):
+    """The Triton arguments the runtime uses for a part: groups masked, runs as a stock extend."""
+    return triton_group_args(vr, slots) if vr.has_groups else triton_run_args(vr, slots)
+
+
+def triton_parts_pairs(sp: SubPass, pool: Pool) -> torch.Tensor:
+    parts = [(triton_pairs(part_args(vr, pool.slots), vr.positions, pool), rows) for vr, rows in sp.parts()]
+    return scatter_rows(parts, sp.positions.numel())
 
 
 def uncompacted(sp: SubPass) -> bool:
@@ -209,11 +220,12 @@ def uncompacted(sp: SubPass) -> bool:
 @given(subpasses())
 def test_every_convention_admits_exactly_the_reference_pairs(sp: SubPass) -> None:
     vr, pool, want = sp.plan(), make_pool(sp), sp.expected_pairs()
-    assert torch.equal(triton_pairs(triton_extend_args(vr, pool.slots), sp.positions, pool), want)
-    assert torch.equal(triton_split_pairs(vr, pool), want)
+    assert torch.equal(triton_pairs(triton_run_args(vr, pool.slots), sp.positions, pool), want)
+    assert torch.equal(triton_parts_pairs(sp, pool), want)
     assert torch.equal(flashinfer_pairs(flashinfer_paged_args(vr, pool.slots), pool), want)
-    if not vr.has_groups:
-        assert torch.equal(fa3_pairs(fa3_args(vr, pool.slots), pool, 1), want)
+    assert torch.equal(fa3_pairs(fa3_args(vr, pool.slots), pool, 1), want)
+    groups = plan_groups(sp.positions, sp.visible, group_size=sp.group_size or 4)
+    assert torch.equal(triton_pairs(triton_group_args(groups, pool.slots), sp.positions, pool), want)
 
 
 @settings(max_examples=150, **PROPS)
@@ -242,28 +254,24 @@ def test_emulated_backends_match_reference_attention(sp: SubPass) -> None:
     k_new, v_new = pool.k[pool.slots[sp.positions]], pool.v[pool.slots[sp.positions]]
 
     def triton(part: VirtualRequests, rows: torch.Tensor) -> torch.Tensor:
-        a = triton_extend_args(part, pool.slots)
+        a = part_args(part, pool.slots)
         return triton_extend_emulator(
             pool.q[rows], k_new[rows], v_new[rows], pool.k, pool.v, a.qo_indptr, a.kv_indptr, a.kv_indices,
             a.custom_mask, a.mask_indptr, SCALE, skip_prefix_custom_mask=a.skip_prefix_custom_mask,
             skip_extend=a.skip_extend,
         )
 
-    everything = torch.arange(vr.num_rows)
-    check_close(triton(vr, everything), want)
-    runs, run_rows, groups, group_rows = split_by_kind(vr)
-    parts = [(triton(p, rows), rows) for p, rows in ((runs, run_rows), (groups, group_rows)) if p is not None]
-    check_close(scatter_rows(parts, vr.num_rows), want)
+    check_close(triton(vr, torch.arange(vr.num_rows)), want)
+    check_close(scatter_rows([(triton(p, rows), rows) for p, rows in sp.parts()], vr.num_rows), want)
 
     f = flashinfer_paged_args(vr, pool.slots)
     got = flashinfer_paged_emulator(
-        pool.q, pool.k, pool.v, f.qo_indptr, f.kv_indptr, f.kv_indices, f.kv_last_page_len, f.custom_mask, SCALE
+        pool.q, pool.k, pool.v, f.qo_indptr, f.kv_indptr, f.kv_indices, f.kv_last_page_len, None, SCALE
     )
     check_close(got, want)
-    if not vr.has_groups:
-        a = fa3_args(vr, pool.slots)
-        cache = (pool.k[:, None], pool.v[:, None])  # page size 1: [slots, 1, heads, d]
-        check_close(fa3_kvcache_emulator(pool.q, *cache, a.page_table, a.cache_seqlens, a.cu_seqlens_q, SCALE), want)
+    a = fa3_args(vr, pool.slots)
+    cache = (pool.k[:, None], pool.v[:, None])  # page size 1: [slots, 1, heads, d]
+    check_close(fa3_kvcache_emulator(pool.q, *cache, a.page_table, a.cache_seqlens, a.cu_seqlens_q, SCALE), want)
 
 
 @settings(max_examples=100, **PROPS)
@@ -320,67 +328,78 @@ def test_decode_lists_match_reference_attention(batch) -> None:
 
 @settings(max_examples=300, **PROPS)
 @given(subpasses(masks=False), st.integers(1, 16))
-def test_grouped_mode_structure_and_request_count(sp: SubPass, group_size: int) -> None:
-    vr = plan_virtual_requests(sp.positions, group_size=group_size)
-    starts, lengths = runs_of(sp.positions)
-    long_run = lengths >= group_size
-    loose_rows = int(lengths[~long_run].sum())
-    # Loose rows between two long runs (or the ends) form one segment, cut into groups of group_size rows.
-    segments, current = [], 0
-    for length, is_long in zip(lengths.tolist(), long_run.tolist()):
-        if is_long:
-            segments.append(current)
-            current = 0
-        else:
-            current += length
-    segments.append(current)
-    expected = int(long_run.sum()) + sum(-(-s // group_size) for s in segments)
-    assert vr.num_requests == expected
-    # The stated bound holds when no long run splits the loose rows; each long run can cost one more request.
-    assert vr.num_requests <= math.ceil(loose_rows / group_size) + 2 * int(long_run.sum())
-    if not long_run.any():
-        assert vr.num_requests <= math.ceil(loose_rows / group_size)
-    rows = vr.rows_per_request
-    for j in range(vr.num_requests):
-        p = sp.positions[int(vr.qo_indptr[j]) : int(vr.qo_indptr[j + 1])]
-        consecutive = int(p[-1] - p[0]) + 1 == p.numel()
-        assert bool(vr.is_group[j]) == (not consecutive)
-        if rows[j] > group_size:
-            assert consecutive
-    long_starts = set(starts[long_run].tolist())
-    request_starts = set(sp.positions[vr.qo_indptr[:-1]].tolist())
-    assert long_starts <= request_starts
+def test_groups_pack_rows_in_sorted_order(sp: SubPass, group_size: int) -> None:
+    vr = plan_groups(sp.positions, group_size=group_size)
+    n = sp.positions.numel()
+    assert vr.num_requests == math.ceil(n / group_size) and bool(vr.is_group.all())
+    assert vr.qo_indptr.tolist() == [*range(0, n, group_size), n]
+    last = sp.positions[vr.qo_indptr[1:] - 1]
+    assert torch.equal(vr.keys_per_request, last + 1)  # every key up to the group's last row
 
 
-@settings(max_examples=300, **PROPS)
-@given(subpasses(masks=False), st.integers(1, 16))
-def test_rows_before_the_tail_group_whatever_their_runs(sp: SubPass, group_size: int) -> None:
-    """The runtime's upper pass: exact rows below the boundary in groups, the tail as runs, so a sub-pass
-    runs at most ceil(exact rows / G) + (runs of the tail) virtual requests."""
-    boundary = sp.runs_from if sp.runs_from is not None else sp.seq_len // 2
-    vr = plan_virtual_requests(sp.positions, group_size=group_size, runs_from=boundary)
-    below = int((sp.positions < boundary).sum())
-    _, tail_lengths = runs_of(sp.positions[sp.positions >= boundary])
-    assert vr.num_requests <= math.ceil(below / group_size) + tail_lengths.numel()
-    for j in range(vr.num_requests):
-        p = sp.positions[int(vr.qo_indptr[j]) : int(vr.qo_indptr[j + 1])]
-        assert bool((p < boundary).all()) or bool((p >= boundary).all())  # no request straddles the boundary
-        if p[0] >= boundary:
-            assert not vr.is_group[j] and int(p[-1] - p[0]) + 1 == p.numel()
+def test_groups_of_a_worked_example() -> None:
+    vr = plan_groups(torch.tensor([1, 3, 5, 7, 9, 20, 21, 22, 23, 30, 32]), group_size=3)
+    assert vr.qo_indptr.tolist() == [0, 3, 6, 9, 11]
+    assert vr.keys_per_request.tolist() == [6, 21, 24, 33]
 
 
-def test_a_long_run_closes_the_group_before_it() -> None:
-    # G = 4: {0} | 10..13 (long) | {20}: three requests, one more than ceil(2 loose rows / 4) + 1 long run.
-    vr = plan_virtual_requests(torch.tensor([0, 10, 11, 12, 13, 20]), group_size=4)
-    assert vr.qo_indptr.tolist() == [0, 1, 5, 6]
-    assert vr.is_group.tolist() == [False, False, False]
+@settings(max_examples=200, **PROPS)
+@given(subpasses(), st.integers(1, 40), st.integers(1, 16))
+def test_steps_cover_the_rows_in_order(sp: SubPass, chunk_rows: int, group_size: int) -> None:
+    """The runtime's upper pass: at most ``chunk_rows`` rows a step, the rows below ``runs_from`` in groups of
+    ``group_size`` (the step's first rows), the rest in runs; every step planned alone."""
+    steps = plan_steps(sp.positions, sp.visible, chunk_rows=chunk_rows, group_size=group_size, runs_from=sp.runs_from)
+    assert [s.index for s in steps] == list(range(len(steps))) and {s.count for s in steps} == {len(steps)}
+    assert torch.equal(torch.cat([s.positions for s in steps]), sp.positions)
+    for s in steps:
+        assert 1 <= s.num_rows <= chunk_rows and torch.equal(s.positions, sp.positions[s.rows])
+        below = int((s.positions < sp.runs_from).sum()) if sp.runs_from is not None else 0
+        assert s.group_rows == below
+        if s.groups is not None:
+            assert torch.equal(s.groups.positions, s.positions[:below]) and bool(s.groups.is_group.all())
+            assert int(s.groups.rows_per_request.max()) <= group_size
+        if s.runs is not None:
+            assert torch.equal(s.runs.positions, s.positions[below:]) and not s.runs.has_groups
+        assert sum(s.lens) == s.num_rows and len(s.lens) == len(s.seq_lens) == s.num_requests
+        assert s.seq_lens == [int(p.seq_lens[j]) for p in s.parts for j in range(p.num_requests)]
 
 
-def test_groups_pack_scattered_rows_in_sorted_order() -> None:
-    vr = plan_virtual_requests(torch.tensor([1, 3, 5, 7, 9, 20, 21, 22, 23, 30, 32]), group_size=3)
-    assert vr.qo_indptr.tolist() == [0, 3, 5, 9, 11]
-    assert vr.is_group.tolist() == [True, True, False, True]
-    assert vr.keys_per_request.tolist() == [6, 10, 24, 33]
+@settings(max_examples=150, **PROPS)
+@given(subpasses())
+def test_group_masks_are_built_on_the_device_and_sized_by_their_groups(sp: SubPass) -> None:
+    """No builder makes a mask on the host; a group's mask holds ``rows x (keys + rows)`` entries, never the
+    whole request's ``[rows, seq_len]`` per row of the sub-pass."""
+    pool = make_pool(sp)
+    counts = ledger.Counts()
+    with ledger.record(counts):
+        runs = sp.plan()
+        assert triton_run_args(runs, pool.slots).custom_mask is None
+        flashinfer_paged_args(runs, pool.slots)
+        fa3_args(runs, pool.slots)
+        groups = plan_groups(sp.positions, sp.visible, group_size=sp.group_size or 4)
+        a = triton_group_args(groups, pool.slots)
+    rows, widths = groups.rows_per_request, groups.keys_per_request
+    assert a.custom_mask.numel() == int((rows * (widths + rows)).sum())
+    assert a.custom_mask.numel() <= groups.num_rows * (int(widths.max()) + int(rows.max()))
+    assert counts.values[ledger.HOST_MASK_BYTES] == 0
+    assert counts.values[ledger.DEVICE_MASK_BYTES] == a.custom_mask.numel()
+    assert counts.values[ledger.PLANNER_CALLS] == 2
+
+
+
+def test_a_mask_too_large_to_keep_is_built_for_each_launch(monkeypatch) -> None:
+    import sgl_ridgefill.attention.metadata as metadata
+
+    groups = plan_groups(torch.tensor([3, 9, 30, 31, 47]), group_size=2)
+    slots = torch.randperm(64)
+    kept = metadata.triton_group_args(groups, slots)
+    monkeypatch.setattr(metadata, "MASK_CACHE_BYTES", 0)
+    counts = ledger.Counts()
+    with ledger.record(counts):
+        lazy = metadata.triton_group_args(groups, slots)
+        assert lazy.custom_mask is None and counts.values[ledger.DEVICE_MASK_BYTES] == 0
+        assert torch.equal(lazy.mask(), kept.mask()) and torch.equal(lazy.mask(), kept.custom_mask)
+    assert counts.values[ledger.DEVICE_MASK_BYTES] == 2 * kept.custom_mask.numel()  # built once per launch
 
 
 @settings(max_examples=100, **PROPS)
@@ -390,8 +409,7 @@ def test_plan_fields(sp: SubPass) -> None:
     starts, lengths = runs_of(sp.positions)
     assert torch.equal(torch.repeat_interleave(starts, lengths) + _offsets(lengths), sp.positions)
     assert bool((starts[1:] > starts[:-1] + lengths[:-1]).all()), "runs are maximal"
-    if sp.group_size is None:
-        assert torch.equal(vr.rows_per_request, lengths) and not vr.has_groups
+    assert torch.equal(vr.rows_per_request, lengths) and not vr.has_groups
     for name in ("positions", "qo_indptr", "key_indptr", "key_positions", "visible_positions"):
         assert getattr(vr, name).dtype == torch.int64, name
     assert vr.is_group.dtype == torch.bool
@@ -413,21 +431,18 @@ def _offsets(lengths: torch.Tensor) -> torch.Tensor:
 def test_argument_dtypes() -> None:
     positions = torch.tensor([2, 3, 7, 9, 10, 11])
     slots = torch.randperm(16)[:12]
-    for group_size in (None, 3):
-        vr = plan_virtual_requests(positions, group_size=group_size)
-        t = triton_extend_args(vr, slots)
-        assert (t.qo_indptr.dtype, t.kv_indptr.dtype, t.kv_indices.dtype) == (torch.int64, torch.int32, torch.int64)
-        if vr.has_groups:
-            assert t.custom_mask.dtype == torch.uint8 and t.mask_indptr.dtype == torch.int64
-            assert (t.skip_prefix_custom_mask, t.skip_extend) == (False, True)
-        else:
-            assert t.custom_mask is None and t.mask_indptr is None
-            assert (t.skip_prefix_custom_mask, t.skip_extend) == (True, False)
-        assert t.max_extend_len == vr.max_rows
-        f = flashinfer_paged_args(vr, slots)
-        assert {x.dtype for x in (f.qo_indptr, f.kv_indptr, f.kv_indices, f.kv_last_page_len)} == {torch.int32}
-        assert f.custom_mask is None if not vr.has_groups else f.custom_mask.dtype == torch.bool
-    a = fa3_args(plan_virtual_requests(positions), slots)
+    vr = plan_virtual_requests(positions)
+    t = triton_run_args(vr, slots)
+    assert (t.qo_indptr.dtype, t.kv_indptr.dtype, t.kv_indices.dtype) == (torch.int64, torch.int32, torch.int64)
+    assert t.custom_mask is None and t.mask_indptr is None
+    assert (t.skip_prefix_custom_mask, t.skip_extend) == (True, False) and t.max_extend_len == vr.max_rows
+    g = triton_group_args(plan_groups(positions, group_size=4), slots)
+    assert (g.qo_indptr.dtype, g.kv_indptr.dtype, g.kv_indices.dtype) == (torch.int64, torch.int32, torch.int64)
+    assert g.custom_mask.dtype == torch.uint8 and g.mask_indptr.dtype == torch.int64
+    assert (g.skip_prefix_custom_mask, g.skip_extend) == (False, True) and g.max_extend_len == 4
+    f = flashinfer_paged_args(vr, slots)
+    assert {x.dtype for x in (f.qo_indptr, f.kv_indptr, f.kv_indices, f.kv_last_page_len)} == {torch.int32}
+    a = fa3_args(vr, slots)
     assert {x.dtype for x in (a.cu_seqlens_q, a.cache_seqlens, a.page_table)} == {torch.int32}
     assert (a.max_seqlen_q, a.max_seqlen_k) == (3, 12)
 
@@ -450,7 +465,7 @@ def test_ragged_order_reads_stale_rows_of_earlier_runs() -> None:
     k_stale[rows] = torch.randn_like(k_stale[rows])  # what the fill wrote for these rows
     v_stale[rows] = torch.randn_like(v_stale[rows])
     want = reference_attention(pool.q, pool.k, pool.v, pool.slots, sp.positions, None, SCALE)
-    a = triton_extend_args(vr, pool.slots)  # prefix lists = SGLang's ragged plan (keys before each run)
+    a = triton_run_args(vr, pool.slots)  # prefix lists = SGLang's ragged plan (keys before each run)
     got = ragged_order_emulator(
         pool.q, pool.k[rows], pool.v[rows], k_stale, v_stale, rows, a.qo_indptr, a.kv_indptr, a.kv_indices, SCALE
     )
@@ -474,7 +489,7 @@ def test_ragged_order_is_wrong_whenever_a_later_run_sees_an_earlier_one(sp: SubP
     k_stale[rows] += 1.0 + torch.rand_like(k_stale[rows])
     v_stale[rows] += 1.0 + torch.rand_like(v_stale[rows])
     want = reference_attention(pool.q, pool.k, pool.v, pool.slots, sp.positions, sp.visible, SCALE)
-    a = triton_extend_args(vr, pool.slots)
+    a = triton_run_args(vr, pool.slots)
     got = ragged_order_emulator(
         pool.q, pool.k[rows], pool.v[rows], k_stale, v_stale, rows, a.qo_indptr, a.kv_indptr, a.kv_indices, SCALE
     )
@@ -491,11 +506,11 @@ def _raises(message: str):
     return pytest.raises(ValueError, match=f"^{re.escape(message)}$")
 
 
-def test_fa3_refuses_groups() -> None:
-    vr = plan_virtual_requests(torch.tensor([1, 3, 5]), group_size=4)
-    message = "fa3 cannot run grouped requests: flash_attn_with_kvcache has no custom mask; plan without group_size"
-    with _raises(message):
-        fa3_args(vr, torch.arange(8))
+@pytest.mark.parametrize("builder", [triton_run_args, flashinfer_paged_args, fa3_args], ids=lambda f: f.__name__)
+def test_run_builders_refuse_groups(builder) -> None:
+    vr = plan_groups(torch.tensor([1, 3, 5]), group_size=4)
+    with _raises(f"{builder.__name__} takes runs only; groups go through triton_group_args"):
+        builder(vr, torch.arange(8))
 
 
 def test_fa3_with_pages_refuses_hidden_keys() -> None:
@@ -536,10 +551,16 @@ def test_invalid_positions(positions, message: str) -> None:
         plan_virtual_requests(positions)
 
 
-@pytest.mark.parametrize("group_size", [0, -2, True, 2.0, "4"])
+@pytest.mark.parametrize("group_size", [0, -2, True, 2.0, "4", None])
 def test_invalid_group_size(group_size) -> None:
-    with _raises(f"group_size must be an int >= 1 or None, got {group_size!r}"):
-        plan_virtual_requests(torch.tensor([1, 2]), group_size=group_size)
+    with _raises(f"group_size must be an int >= 1, got {group_size!r}"):
+        plan_groups(torch.tensor([1, 2]), group_size=group_size)
+
+
+@pytest.mark.parametrize("chunk_rows", [0, -1, 1.5, None])
+def test_invalid_chunk_rows(chunk_rows) -> None:
+    with _raises(f"chunk_rows must be an int >= 1, got {chunk_rows!r}"):
+        plan_steps(torch.tensor([1, 2]), chunk_rows=chunk_rows, group_size=4)
 
 
 def test_invalid_visible() -> None:

@@ -1,6 +1,7 @@
 """A tiny stand-in for an SGLang server's native API, for the benchmark tests.
 
-``/generate`` sleeps a known time per arm (exact: ``custom_params.ridgefill.enabled == false``) and
+``/generate`` sleeps a known time per arm (exact: ``custom_params.ridgefill.enabled == false``; the bare fill:
+``policy == "plain"``; else RidgeFill, which reports ``exact_rows`` exact rows in ``meta_info["ridgefill"]``) and
 emulates the radix cache: a prompt seen since the last ``/flush_cache`` reports ``cached_tokens``. Every
 call is logged in order.
 """
@@ -15,11 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False, stream_tail_s: float = 0.0,
-                 output_ids: list[int] | None = None):
+                 output_ids: list[int] | None = None, bare_s: float | None = None, exact_rows: int = 0):
         self.model_path = model_path
         self.output_ids = output_ids or [7]
         self.stream_tail_s = stream_tail_s
         self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
+        self.bare_s = ridgefill_s if bare_s is None else bare_s
+        self.exact_rows = exact_rows
         self.abort = abort
         self.busy_flushes = 0  # the next this many /flush_cache calls are refused as SGLang does while busy
         self.log: list[tuple] = []  # ("flush",) or ("generate", arm, ids, params)
@@ -84,14 +87,18 @@ class FakeServer:
                     return
                 params = body["sampling_params"].get("custom_params", {}).get("ridgefill")
                 arm = "exact" if params == {"enabled": False} else "ridgefill"
+                if arm == "ridgefill" and (params or {}).get("policy") == "plain":
+                    arm = "bare"
                 ids = tuple(body["input_ids"])
                 with fake._lock:
                     cached = len(ids) - 1 if ids in fake._cache else 0
                     fake._cache.add(ids)
                     fake.log.append(("generate", arm, ids, params))
-                time.sleep(fake.exact_s if arm == "exact" else fake.ridgefill_s)
+                time.sleep({"exact": fake.exact_s, "bare": fake.bare_s}.get(arm, fake.ridgefill_s))
                 finish = {"type": "abort", "message": "RidgeFill: bad"} if fake.abort else {"type": "length", "length": 1}
                 payload = {"output_ids": fake.output_ids, "meta_info": {"cached_tokens": cached, "finish_reason": finish}}
+                if arm != "exact":
+                    payload["meta_info"]["ridgefill"] = {"ran": True, "exact": fake.exact_rows if arm == "ridgefill" else 0}
                 if body.get("stream"):
                     # Server-sent events, as SGLang streams them: the first chunk, then a slow tail.
                     self.send_response(200)

@@ -139,7 +139,36 @@ def test_cli_writes_json_and_png(model_dir, tmp_path, capsys):
     assert report["summary"][0]["layer_bound"] == pytest.approx(1 / 0.75)
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
-    assert table.splitlines()[0].split()[:3] == ["tokens", "exact", "s"]
+    assert table.splitlines()[0].split()[:5] == ["tokens", "arm", "exact", "rows", "exact"]
+
+
+def test_pair_order_rotates_three_arms():
+    arms = ("exact", "bare", "ridgefill")
+    assert [pair_order(k, arms) for k in range(3)] == [
+        ("exact", "bare", "ridgefill"), ("bare", "ridgefill", "exact"), ("ridgefill", "exact", "bare"),
+    ]
+
+
+def test_a_policy_with_rows_is_measured_beside_the_bare_fill(model_dir, tmp_path):
+    """``--ridgefill-policy`` with exact rows: three arms per pair; each arm's FLOP bound counts the exact rows its
+    responses report (and the policy's selection), so the policy's bound sits below the bare fill's."""
+    out = tmp_path / "out"
+    with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
+        args = _parse(["--url", fake.url, "--lengths", "8192", "--pairs", "3", "--warmup", "0",
+                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
+        assert args.func(args) == 0
+        gens = fake.generates()
+    assert [g[1] for g in gens] == ["exact", "bare", "ridgefill", "bare", "ridgefill", "exact", "ridgefill", "exact", "bare"]
+    params = {g[1]: g[3] for g in gens}
+    assert params["ridgefill"] == {"policy": "qwen2.5-0.5b-rows"}  # asked for per request
+    assert params["bare"] == {"policy": "plain", "split": 12, "tail": 1024}  # the policy's split and tail
+    report = json.loads((out / "bench.json").read_text())
+    rows, bare = (next(s for s in report["summary"] if s["arm"] == arm) for arm in ("ridgefill", "bare"))
+    assert (rows["exact_rows"], bare["exact_rows"]) == (1500, 0)
+    assert rows["flop_bound"] < bare["flop_bound"] and rows["layer_bound"] < bare["layer_bound"]
+    assert report["config"]["selector_flops"]["8192"] > 0
+    # r = 1/2 + 1/2 * (1024 + 1500) / 8192
+    assert rows["layer_bound"] == pytest.approx(1 / (0.5 + 0.5 * 2524 / 8192))
 
 
 def test_cli_split_from_maps_manifest(model_dir, tmp_path):

@@ -1,10 +1,12 @@
-"""RidgeFill's FlashInfer and fa3 backends without CUDA: SGLang's own ``forward_extend`` runs with the
-planned metadata, against PyTorch emulators of the kernels (``tests/support/attention_emulators.py``).
+"""RidgeFill's FlashInfer and fa3 backends without CUDA: a sub-pass step is prepared once and run through
+SGLang's own ``forward_extend`` for its runs and SGLang's Triton extend launcher for its groups, against
+PyTorch emulators of the kernels (``tests/support/attention_emulators.py``).
 
-Neither kernel runs on a CPU, so a recording fake stands in for FlashInfer's paged prefill wrapper (its
-``forward`` emulates FlashInfer's paged semantics: keys from the pool, causal aligned bottom-right, a
-planned custom mask in force) and the emulator replaces ``flash_attn_with_kvcache`` in SGLang's fa3 module.
-The subclass, SGLang's extend code around the kernel call and the planner run for real; every case is
+None of these kernels runs on a plain CPU, so a recording fake stands in for FlashInfer's paged prefill
+wrapper (its ``forward`` emulates FlashInfer's paged semantics: keys from the pool, causal aligned
+bottom-right), the emulator replaces ``flash_attn_with_kvcache`` in SGLang's fa3 module, and the Triton
+extend emulator replaces SGLang's ``extend_attention_fwd`` for the groups. The subclasses, SGLang's extend
+code around the kernel calls, the step planner and the metadata builders run for real; every case is
 compared with a direct masked softmax over the visible keys at or before each query's position.
 """
 
@@ -16,8 +18,13 @@ import pytest
 import torch
 
 from sgl_ridgefill.attention.contract import RowQueries, row_queries
-from sgl_ridgefill.attention.planner import plan_virtual_requests
-from tests.support.attention_emulators import fa3_kvcache_emulator, flashinfer_paged_emulator, reference_attention
+from sgl_ridgefill.attention.steps import plan_steps
+from tests.support.attention_emulators import (
+    fa3_kvcache_emulator,
+    flashinfer_paged_emulator,
+    reference_attention,
+    triton_extend_emulator,
+)
 
 HEADS, KV_HEADS, D, SEQ, SLOTS = 4, 2, 16, 96, 160
 
@@ -30,15 +37,18 @@ def _cpu_sglang():
     apply_cpu_environment()
 
 SCALE = D**-0.5
+TAIL_START = 80
 
-# (name, query positions, visible keys or None, group size)
+# (name, query positions, visible keys or None, group size (None: every row in runs), rows per step)
 CASES = [
-    ("tail", list(range(80, SEQ)), None, None),
-    ("scattered_rows_and_tail", [3, 9, 10, 11, 30, 47, 61] + list(range(80, SEQ)), None, None),
-    ("grouped_rows_and_tail", [3, 9, 10, 11, 30, 47, 61] + list(range(80, SEQ)), None, 4),
-    ("nofill_visible_keys", [5, 40, 41] + list(range(80, SEQ)), "nofill", None),
-    ("probe_visible_keys", list(range(88, SEQ)), "probe", None),
+    ("tail", list(range(80, SEQ)), None, None, 64),
+    ("scattered_rows_as_runs_and_tail", [3, 9, 10, 11, 30, 47, 61] + list(range(80, SEQ)), None, None, 64),
+    ("grouped_rows_and_tail", [3, 9, 10, 11, 30, 47, 61] + list(range(80, SEQ)), None, 4, 64),
+    ("grouped_rows_and_tail_in_steps", [3, 9, 10, 11, 30, 47, 61] + list(range(80, SEQ)), None, 4, 5),
+    ("nofill_grouped_visible_keys", [5, 40, 41] + list(range(80, SEQ)), "nofill", 2, 64),
+    ("probe_visible_keys", list(range(88, SEQ)), "probe", None, 64),
 ]
+IDS = [c[0] for c in CASES]
 
 
 class _Pool:
@@ -82,14 +92,55 @@ def _layer():
                            v_scale=None, k_scale_float=1.0, v_scale_float=1.0)
 
 
-def _sub_batch(plan, slots):
+def _sub_batch(step, slots):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    pos = plan.positions
-    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=plan.num_requests, positions=pos,
+    pos = step.positions
+    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=step.num_requests, positions=pos,
                            out_cache_loc=slots[pos], out_cache_loc_is_physical=True, encoder_lens=None,
-                           extend_num_tokens=pos.numel(), extend_seq_lens_cpu=plan.rows_per_request.tolist(),
-                           input_ids=torch.zeros(pos.numel(), dtype=torch.long), spec_info=None)
+                           extend_num_tokens=pos.numel(), extend_seq_lens_cpu=step.lens,
+                           input_ids=torch.zeros(pos.numel(), dtype=torch.long), spec_info=None,
+                           mha_one_shot=False, attn_attend_prefix_cache=False)
+
+
+@pytest.fixture(autouse=True)
+def _triton_groups_emulated(monkeypatch):
+    """SGLang's Triton extend launcher, as the groups call it, replaced by its emulator."""
+    import sglang.kernels.ops.attention.extend_attention as extend_module
+
+    calls = []
+
+    def extend_attention_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                             is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, *,
+                             skip_prefix_custom_mask=True, skip_extend=False, page_size=1, **kwargs):
+        assert page_size == 1 and custom_mask is not None and custom_mask.dtype == torch.uint8
+        calls.append(int(qo_indptr.numel() - 1))
+        o.copy_(triton_extend_emulator(q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                                       mask_indptr, sm_scale, is_causal=is_causal,
+                                       skip_prefix_custom_mask=skip_prefix_custom_mask, skip_extend=skip_extend))
+
+    monkeypatch.setattr(extend_module, "extend_attention_fwd", extend_attention_fwd)
+    return calls
+
+
+def _steps(positions, visible, group, step_rows):
+    return plan_steps(torch.tensor(positions), visible, chunk_rows=step_rows, group_size=group or 4,
+                      runs_from=TAIL_START if group is not None else None)
+
+
+def _run_steps(backend, steps, slots, q, k, v) -> torch.Tensor:
+    """Every step prepared once, then run as one upper layer would run it; the steps' outputs in row order."""
+    prepared = []
+    for step in steps:
+        scope = RowQueries(step, slots, None, None)
+        prepared.append((scope, backend.ridgefill_prepare(scope, _sub_batch(step, slots))))
+    outs = []
+    for (scope, p), step in zip(prepared, steps):
+        with row_queries(scope):
+            backend.ridgefill_activate(p)
+            rows = step.rows
+            outs.append(backend.forward_extend(q[rows], k[rows], v[rows], _layer(), _sub_batch(step, slots)))
+    return torch.cat(outs)
 
 
 def _inputs(name, positions):
@@ -119,14 +170,17 @@ class _PagedWrapper:
     def begin_forward(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads,
                       head_dim, page_size, **kwargs):
         assert page_size == 1 and (num_qo_heads, num_kv_heads, head_dim) == (HEADS, KV_HEADS, D)
-        self.plans.append(dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               kv_last_page_len=kv_last_page_len, custom_mask=kwargs.get("custom_mask")))
+        assert kwargs.get("non_blocking") is True
+        plan = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+        if kwargs.get("custom_mask") is not None:
+            plan["custom_mask"] = kwargs["custom_mask"]
+        self.plans.append(plan)
 
     def forward(self, q, kv_cache, *, causal=True, sm_scale=None, **kwargs):
         plan = self.plans[-1]
         k_pool, v_pool = kv_cache
         return flashinfer_paged_emulator(q, k_pool, v_pool, plan["qo_indptr"], plan["kv_indptr"], plan["kv_indices"],
-                                         plan["kv_last_page_len"], plan["custom_mask"], sm_scale, causal=causal)
+                                         plan["kv_last_page_len"], plan.get("custom_mask"), sm_scale, causal=causal)
 
 
 def _flashinfer_backend(pool):
@@ -136,6 +190,7 @@ def _flashinfer_backend(pool):
     backend.indices_updater_prefill = SimpleNamespace(num_qo_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=D,
                                                       q_data_type=torch.float32, data_type=torch.float32)
     backend.prefill_wrappers_paged = [_PagedWrapper()]
+    backend._rf_new_wrapper = _PagedWrapper  # RidgeFill's own wrapper per step, as FlashInfer's would be made
     backend.token_to_kv_pool = pool
     backend.prefill_uses_dequant_workspace = False
     backend.num_wrappers = 1
@@ -143,24 +198,25 @@ def _flashinfer_backend(pool):
     return backend
 
 
-@pytest.mark.parametrize("name, positions, visible_kind, group", CASES, ids=[c[0] for c in CASES])
-def test_flashinfer_paged_plan_runs_every_case_exactly(name, positions, visible_kind, group):
+@pytest.mark.parametrize("name, positions, visible_kind, group, step_rows", CASES, ids=IDS)
+def test_flashinfer_paged_plan_runs_every_case_exactly(name, positions, visible_kind, group, step_rows,
+                                                       _triton_groups_emulated):
     pool = _Pool()
     backend = _flashinfer_backend(pool)
     positions_t = torch.tensor(positions)
     visible = _visible(visible_kind)
     slots, q, k, v = _inputs(name, positions)
     want = _expected(pool, slots, q, k, v, positions_t, visible)
-    plan = plan_virtual_requests(positions_t, visible, group_size=group)
-    fb = _sub_batch(plan, slots)
-    with row_queries(RowQueries(plan, slots, visible)):
-        backend.init_forward_metadata(fb)
-        out = backend.forward_extend(q, k, v, _layer(), fb)
+    steps = _steps(positions, visible, group, step_rows)
+    out = _run_steps(backend, steps, slots, q, k, v)
     assert backend.forward_metadata.use_ragged is False  # the paged path: K/V written before attention
-    assert pool.writes == 1
+    assert pool.writes == len(steps)
     torch.testing.assert_close(out.view(-1, HEADS, D), want, atol=1e-5, rtol=1e-5)
-    recorded = backend.prefill_wrappers_paged[0].plans[-1]
-    assert (recorded["custom_mask"] is not None) == bool(plan.has_groups)
+    runs = [s for s in steps if s.runs is not None]
+    plans = [w.plans for w in backend.__dict__.get("_rf_wrappers", [])]
+    assert sum(len(p) for p in plans) == len(runs)  # each step planned once, on a wrapper of its own
+    assert all("custom_mask" not in plan for p in plans for plan in p)  # runs carry no mask
+    assert len(_triton_groups_emulated) == sum(s.groups is not None for s in steps)
 
 
 def test_flashinfer_without_a_scope_is_sglang_planning(monkeypatch):
@@ -172,7 +228,7 @@ def test_flashinfer_without_a_scope_is_sglang_planning(monkeypatch):
     backend = _flashinfer_backend(_Pool())
     fb = SimpleNamespace(forward_mode=None)
     backend.init_forward_metadata(fb)
-    assert calls == [fb] and backend.prefill_wrappers_paged[0].plans == []
+    assert calls == [fb] and backend.prefill_wrappers_paged[0].plans == [] and not backend.__dict__.get("_rf_wrappers")
 
 
 # ------------------------------------------------------------------------------------------ fa3
@@ -189,12 +245,11 @@ def _fa3_backend(pool, page_size):
     return backend
 
 
-@pytest.mark.parametrize("name, positions, visible_kind, group", CASES, ids=[c[0] for c in CASES])
-def test_fa3_page_table_plan_runs_every_case_exactly(name, positions, visible_kind, group, monkeypatch):
+@pytest.mark.parametrize("name, positions, visible_kind, group, step_rows", CASES, ids=IDS)
+def test_fa3_page_table_plan_runs_every_case_exactly(name, positions, visible_kind, group, step_rows, monkeypatch,
+                                                     _triton_groups_emulated):
     import sglang.srt.layers.attention.flashattention_backend as fa3_module
 
-    if group is not None:
-        pytest.skip("fa3 has no custom mask: RidgeFill plans it without groups")
     seen = []
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, softmax_scale,
@@ -210,23 +265,18 @@ def test_fa3_page_table_plan_runs_every_case_exactly(name, positions, visible_ki
     visible = _visible(visible_kind)
     slots, q, k, v = _inputs(name, positions)
     want = _expected(pool, slots, q, k, v, positions_t, visible)
-    plan = plan_virtual_requests(positions_t, visible)
-    fb = _sub_batch(plan, slots)
-    with row_queries(RowQueries(plan, slots, visible)):
-        backend.init_forward_metadata(fb)
-        out = backend.forward_extend(q, k, v, _layer(), fb)
-    assert len(seen) == 1 and seen[0].shape[0] == plan.num_requests
+    steps = _steps(positions, visible, group, step_rows)
+    out = _run_steps(backend, steps, slots, q, k, v)
+    runs = [s.runs for s in steps if s.runs is not None]
+    assert [t.shape[0] for t in seen] == [r.num_requests for r in runs]  # one page-table row per run
+    assert len(_triton_groups_emulated) == sum(s.groups is not None for s in steps)  # groups: Triton's kernel
     torch.testing.assert_close(out.view(-1, HEADS, D), want, atol=1e-5, rtol=1e-5)
 
 
 def test_fa3_refuses_what_it_cannot_express():
     from sgl_ridgefill.attention.fa3 import RidgeFillFa3Backend
-    from sgl_ridgefill.runtime.passes import PassContext
 
-    assert RidgeFillFa3Backend.ridgefill_groups is False  # the passes plan fa3 sub-passes without groups
-    ctx = PassContext(adapter=None, maps=None, backend=_fa3_backend(_Pool(), 1), pool=None, req_to_token=None,
-                      physical=True, chunk_rows=64, group_size=64)
-    assert not ctx.grouped
+    assert RidgeFillFa3Backend.ridgefill_row_queries  # groups go through SGLang's Triton kernel, runs through fa3
     assert RidgeFillFa3Backend.ridgefill_hidden_keys is False  # nofill is refused at admission on fa3
     assert _fa3_backend(_Pool(), 1).ridgefill_visible_keys  # the probe runs at page size 1 ...
     assert not _fa3_backend(_Pool(), 4).ridgefill_visible_keys  # ... and is refused above it

@@ -67,7 +67,8 @@ def test_server_command_lines(folders) -> None:
     assert list(stock.command) == list(ridgefill.command) == ["python3", "-m", "sglang.launch_server"]
     assert list(stock.flags) == common
     assert list(ridgefill.flags) == [*common, "--prefill-backend", "ridgefill", "--ridgefill-maps", str(maps),
-                                     "--ridgefill-split", "6", "--ridgefill-tail", "32"]
+                                     "--ridgefill-split", "6", "--ridgefill-tail", "32",
+                                     "--ridgefill-request-policies", "llama-3.1-8b-rows,plain"]
     # Stock leaves this plugin out; neither server inherits RidgeFill variables or a plugin list.
     base = {"RIDGEFILL_MAPS": "/elsewhere", "SGLANG_PLUGINS": "ridgefill", "PATH": "/bin"}
     assert stock.environment(base) == {"PATH": "/bin", "SGLANG_PLUGINS": "smg-servicer"}
@@ -99,19 +100,26 @@ def test_the_schedule_per_backend(folders, tmp_path: pathlib.Path, capsys: pytes
             want = [make_prompt(64, VOCAB, 0, -1)] + [make_prompt(n, VOCAB, 0, p) for n in (64, 128) for p in range(2)]
             assert [list(g[2]) for g in timed] == want and all(g[3] is None for g in timed)
         else:
-            # The benchmark: a warm-up pair, then each pair in alternating order on the same prompts as stock.
-            timed = timed[2:]
-            assert len(timed) == 2 * 2 * 2
-            for k, (first, second) in enumerate(zip(timed[::2], timed[1::2])):
-                assert (first[1], second[1]) == pair_order(k % 2)
-                assert first[2] == second[2] == tuple(make_prompt((64, 128)[k // 2], VOCAB, 0, k % 2))
+            # The benchmark: a warm-up round, then each round of exact, the bare fill and the rows policy in
+            # rotating order on the same prompts as stock.
+            arms = ("exact", "bare", "ridgefill")
+            timed = timed[3:]
+            assert len(timed) == 2 * 2 * 3
+            for k in range(4):
+                round_ = timed[3 * k : 3 * k + 3]
+                assert tuple(g[1] for g in round_) == pair_order(k % 2, arms)
+                assert {g[2] for g in round_} == {tuple(make_prompt((64, 128)[k // 2], VOCAB, 0, k % 2))}
+                params = {g[1]: g[3] for g in round_}
+                assert params["ridgefill"] == {"policy": "llama-3.1-8b-rows", "split": 6, "tail": 32}
+                assert params["bare"] == {"policy": "plain", "split": 6, "tail": 32}
     report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert report["tier"] == "server" and set(report["backends"]) == {"triton", "fa3"}
     for backend, entry in report["backends"].items():
         assert "--prefill-backend ridgefill" in entry["commands"][f"ridgefill-{backend}"]
         assert entry["commands"][f"stock-{backend}"].startswith("SGLANG_PLUGINS=")
         assert entry["identity"] == {"prompts": 2, "identical": True, "differences": []}
-        assert [s["length"] for s in entry["summary"]] == [64, 128]
+        assert [(s["length"], s["arm"]) for s in entry["summary"]] == [
+            (64, "bare"), (64, "ridgefill"), (128, "bare"), (128, "ridgefill")]
         assert {"layer_bound", "flop_bound", "layer_fraction", "flop_fraction"} <= set(entry["summary"][0])
         assert set(entry["stock_ttft"]) == {"64", "128"} and len(entry["stock_ttft"]["64"]) == 2
     table = (tmp_path / "out" / "gpu-check.txt").read_text()
