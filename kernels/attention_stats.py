@@ -81,12 +81,18 @@ def attention_received_reference(
     # head is one batched GEMM against its keys.
     qf = (q.float() * scale).reshape(n_q, n_kv, group, head_dim).permute(1, 0, 2, 3).reshape(n_kv, -1, head_dim)
     q_pos = q_positions.long()
+    # On the host, a block of keys every query sees (the prefix, for the tail's queries) needs no mask: reading
+    # the positions there costs nothing, while masking costs a pass over the block's scores.
+    first_query = int(q_pos.min()) if q_pos.device.type == "cpu" and k_positions.device.type == "cpu" and n_q else None
 
     def masked_scores(start: int) -> torch.Tensor:
         """``[n_kv, n_q, group, blk]`` scores against keys ``start:start+block``; -inf where not visible."""
         kf = k[start : start + block].float().permute(1, 2, 0)  # [n_kv, head_dim, blk]
         s = torch.matmul(qf, kf).view(n_kv, n_q, group, -1)
-        hidden = k_positions[start : start + block].long()[None, :] > q_pos[:, None]  # [n_q, blk]
+        keys = k_positions[start : start + block].long()
+        if first_query is not None and int(keys.max()) <= first_query:
+            return s
+        hidden = keys[None, :] > q_pos[:, None]  # [n_q, blk]
         return s.masked_fill_(hidden[None, :, None, :], float("-inf"))
 
     # Pass 1: online log-sum-exp per (kv head, query, head in group).

@@ -28,6 +28,11 @@ FOLDER_COMMAND = (
     "sgl-ridgefill bench --serve qwen2.5-coder-0.5b --ridgefill-maps sgl_ridgefill/demo_maps/qwen2.5-coder-0.5b-s12 "
     "--lengths 2048,4096,8192,16384 --pairs 3 --split 12 --tail 1024 --out 'docs/bench/{capability}-{dtype}'"
 )
+# The shipped rows policy (exact rows by pooled attention), beside the bare fill and exact, in folders "-rows".
+ROWS_COMMAND = (
+    "sgl-ridgefill bench --serve qwen2.5-coder-0.5b --ridgefill-maps sgl_ridgefill/demo_maps/qwen2.5-coder-0.5b-s12 "
+    "--ridgefill-policy qwen2.5-0.5b-rows --lengths 4096,8192,16384 --pairs 2 --out 'docs/bench/{capability}-{dtype}-rows'"
+)
 
 
 def load_folders(bench_dir: pathlib.Path) -> list[tuple[str, dict[str, Any]]]:
@@ -114,6 +119,8 @@ def render(folders: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         FOLDER_COMMAND,
         "# the other dtype on a CPU with native bfloat16 (the default there is bfloat16):",
         FOLDER_COMMAND.replace("--serve qwen2.5-coder-0.5b", "--serve qwen2.5-coder-0.5b --dtype float32"),
+        "# the shipped rows policy (exact, the bare fill and the policy side by side):",
+        ROWS_COMMAND,
         f"{COMMAND}   # then rewrite this page",
         "```",
         "",
