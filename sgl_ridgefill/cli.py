@@ -16,6 +16,7 @@ COMMANDS = (
     ("sgl_ridgefill.calibration.cli", "calibrate: fit the ridge maps"),
     ("sgl_ridgefill.policy.cli", "policy check/fmt/explain: .rfpolicy files"),
     ("sgl_ridgefill.bench.cli", "bench: TTFT of exact vs RidgeFill against a running server"),
+    ("sgl_ridgefill.bench.serving", "bench-serving: SGLang's serving benchmark, stock vs RidgeFill servers on this CPU"),
     ("sgl_ridgefill.gpu_check.cli", "gpu-check: kernels and SGLang's Triton attention on a GPU; stock vs RidgeFill servers"),
     ("sgl_ridgefill.eval.cli", "eval: needles in the filled region, key-token loss, splice tests, agreement"),
     ("sgl_ridgefill.demo", "demo: the main job end to end on CPU"),

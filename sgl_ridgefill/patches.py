@@ -365,10 +365,12 @@ def around_init_new(original, cls: Any, batch: Any, *args: Any, **kwargs: Any):
 
 def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any):
     """AROUND ``Req._compute_max_prefix_len``: SGLang caps how much of a prompt a radix-cache match may
-    cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary, so its tail rows
-    always run exactly, never read from another plan's filled prefix; and a kv+context fill, which needs
-    the split states of every row before the ones it fills, matches nothing."""
+    cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary, or past it only as far
+    as the cached rows there are exact (``runtime/exact_rows.py``), so its tail rows never read filled KV of
+    another request's prefix as their own; and a kv+context fill, which needs the split states of every row
+    before the ones it fills, matches nothing."""
     limit = original(req, *args, **kwargs)
+    from .runtime.runtime import get_runtime
     from .runtime.state import state_of
 
     st = state_of(req)
@@ -377,7 +379,10 @@ def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any)
     if st.plan.context:
         return 0
     if st.plan.cache_mode == "namespace":
-        limit = min(limit, max(0, len(req.origin_input_ids) - st.plan.tail))
+        boundary = max(0, len(req.origin_input_ids) - st.plan.tail)
+        if limit > boundary:
+            rt = get_runtime()
+            limit = boundary if rt is None else rt.exact_rows.exact_until(st.row_keys(req.origin_input_ids), boundary, limit)
     return limit
 
 
@@ -385,18 +390,47 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
     """AROUND ``mem_cache.common.release_kv_cache``: SGLang inserts the finished request into the radix
     cache and frees its row (also on abort and retraction); RidgeFill releases the request's state, and in
     namespace mode lets a request whose prefill completed insert into its namespace (never a partial or
-    failed prefill, never a nofill request). Only the skip RidgeFill set is cleared: a skip SGLang set
-    since (e.g. KV that never landed) stays."""
+    failed prefill, never a nofill request), recording first which of the rows it adds to the tree are exact.
+    Only the skip RidgeFill set is cleared: a skip SGLang set since (e.g. KV that never landed) stays."""
     from .runtime.state import LIVE, RIDGEFILL_SKIP, state_of
 
     st = state_of(req)
     if st is not None:
         insert = st.may_insert()
+        if insert and req.skip_radix_cache_insert is RIDGEFILL_SKIP and not st.prior_skip:
+            _record_exact_rows(req, tree_cache, st)
         st.release()
         LIVE.forget(req)
         if req.skip_radix_cache_insert is RIDGEFILL_SKIP:
             req.skip_radix_cache_insert = st.prior_skip if insert else True
     return original(req, tree_cache, *args, **kwargs)
+
+
+def _record_exact_rows(req: Any, tree_cache: Any, st: Any) -> None:
+    """Before a namespace request's KV enters the tree: which of its rows the tree does not hold yet (those it
+    takes from this request), and which of those are exact. Where the tree cannot be asked, the rows are
+    recorded as filled: a later match only gets shorter."""
+    from array import array
+
+    from .runtime.runtime import get_runtime
+
+    rt = get_runtime()
+    if rt is None:
+        return
+    ids = list(req.origin_input_ids) + list(getattr(req, "output_ids", None) or ())
+    keys = st.row_keys(ids)
+    try:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        held = tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(
+            array("q", ids), extra_key=req.extra_key, cache_salt=getattr(req, "cache_salt", None),
+        ))).device_prefix_len
+    except Exception:  # a tree this release does not know how to ask: nothing it adds reads as exact
+        logger.debug("request %s: the radix tree could not be matched before insert", req.rid, exc_info=True)
+        rt.exact_rows.forget(keys, max(st.start, 0))
+        return
+    rt.exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_positions)
 
 
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):

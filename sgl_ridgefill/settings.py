@@ -196,8 +196,9 @@ SETTINGS: tuple[Setting, ...] = (
     ChoiceSetting(
         name="cache_mode", choices=CACHE_MODES,
         help="`no_insert` (default): filled KV never enters the radix cache, RidgeFill requests still reuse exact "
-             "cached prefixes; `namespace`: RidgeFill requests share filled KV among themselves, keyed by maps, "
-             "policy and every request key that changes the fill",
+             "cached prefixes; `namespace`: RidgeFill requests share their KV among themselves, keyed by maps, "
+             "policy and every request key that changes the fill, and a later request (a new question on a "
+             "cached document, a conversation's next turn) prefills only its new tokens, as on stock SGLang",
     ),
     ChoiceSetting(name="map_dtype", choices=MAP_DTYPES, default="auto",
                   help="dtype the maps are kept in (default `auto`: the model's)"),

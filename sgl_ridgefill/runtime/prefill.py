@@ -72,7 +72,8 @@ def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
 
 
 def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: int, dtype: torch.dtype, *,
-          chunk_ids: torch.Tensor | None = None, recurrent_sinks: bool = False, sinks: bool = False) -> None:
+          chunk_ids: torch.Tensor | None = None, recurrent_sinks: bool = False, sinks: bool = False,
+          streams: bool = False) -> None:
     """First chunk of a request: check that the batch runs the prompt the state is bound to, note the
     radix-cache hit, decide whether anything is left to fill, and allocate the second sweep's buffers.
 
@@ -80,7 +81,8 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
     sync, when not given). ``sinks``: the maps have a sink rule (the ridgefill arm runs sink rows exactly, and
     keeps the split states they are gathered from).
     ``recurrent_sinks``: and the model has upper Gated DeltaNet layers, whose states must then take the
-    whole prefix in order in sweep 2, sinks exact among filled rows."""
+    whole prefix in order in sweep 2, sinks exact among filled rows. ``streams``: nothing the tail attends to
+    waits for the last chunk (see :func:`run_chunk`), so each chunk's tail rows run every layer in that chunk."""
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     st.start = p0
     big_n = st.num_tokens
@@ -101,9 +103,11 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         st.run_exact("prompt logprobs under RidgeFill need the prompt in one chunk")
         return
     device = fb.input_ids.device
-    st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
-    st.states_in_sweep_two = recurrent_sinks
     plan = st.plan
+    st.streams = streams and st.exact_context <= p0
+    if not st.streams:
+        st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
+    st.states_in_sweep_two = recurrent_sinks
     if plan.has_selection or plan.splice is not None or st.exact_context > p0 or recurrent_sinks or (sinks and plan.arm == "ridgefill"):
         # The new prefix rows' split states wait for the exact rows, known at the last chunk.
         st.prefix_x = HostRows(st.boundary - p0, hidden_size, dtype, device)
@@ -138,6 +142,9 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
             recurrent.fill_states(ctx, fb, i, st, x_split[:n_prefix], p0)
     if n_prefix and st.prefix_x is not None:
         st.prefix_x.write(p0 - st.start, x_split[:n_prefix])
+    if st.streams:
+        _stream_tail(ctx, fb, i, row0, st, hidden, x_split, n_prefix, req_row=req_row)
+        return
     if n_prefix < n:
         st.tail_x[p0 + n_prefix - boundary : p0 + n - boundary] = x_split[n_prefix:]
     if p0 + n < big_n:
@@ -199,6 +206,43 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if visible is not None:
         st.hidden_keys = ~visible[0][:boundary]
+    st.exact_positions = exact.tolist()  # host already: the rows row-exact reuse may share as exact
+    st.prefill_done = True
+    st.free_buffers()
+
+
+def _stream_tail(ctx: PassContext, fb: ForwardBatch, i: int, row0: int, st: RequestState, hidden: torch.Tensor,
+                 x_split: torch.Tensor, n_prefix: int, *, req_row: int) -> None:
+    """A streaming plan's chunk: its tail rows run the upper layers now, as a stock chunk runs them.
+
+    Exact: a tail row attends to the prefix rows (all before it, filled in this or an earlier chunk, never
+    rewritten: no row of such a plan runs exactly in the prefix) and to the tail rows up to itself (this
+    chunk's, written by this pass, and earlier chunks', written by theirs), the same keys and values the
+    deferred second sweep would give it. No forward then does more than a stock chunk of the same rows: the
+    other requests' decode steps wait no longer for it."""
+    ad, plan = ctx.adapter, st.plan
+    p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
+    big_n, boundary, split = st.num_tokens, st.boundary, plan.split
+    if n_prefix < n:
+        tail_pos = torch.arange(p0 + n_prefix, p0 + n, dtype=torch.long)
+        out, shape = passes.upper_pass(
+            ctx, fb, i, split, tail_pos, st.prompt_ids, x_split[n_prefix:], slots=ctx.req_to_token[req_row, : p0 + n],
+            runs_from=int(tail_pos[0]),
+        )
+        hidden[row0 + n_prefix : row0 + n] = out
+        for key, value in shape.items():
+            st.stats[key] = st.stats.get(key, 0) + value
+    if p0 + n < big_n:
+        return
+    n_new_prefix = max(boundary - st.start, 0)
+    shape = {key: st.stats.pop(key, 0) for key in ("steps", "virtual_requests", "groups")}
+    st.stats.update(
+        prompt=big_n, cached=st.start, filled=n_new_prefix, exact=0, sinks=0, tail=big_n - boundary,
+        virtual_requests=shape["virtual_requests"], groups=shape["groups"], upper_steps=shape["steps"],
+        saved_fraction=round((1 - split / ad.shape.num_layers) * n_new_prefix / max(big_n - st.start, 1), 4),
+        streamed=True,
+    )
+    st.exact_positions = []
     st.prefill_done = True
     st.free_buffers()
 

@@ -18,6 +18,7 @@ from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
 from .passes import GROUP_SIZE, PassContext, plan_batch
 from .prefill import SelectionResources
+from .exact_rows import ExactRows
 from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
 
@@ -84,6 +85,7 @@ class RidgeFillRuntime:
         self.tp = tp
         self.recurrent = recurrent  # hybrid models: recurrent.RecurrentResources
         self.census = census  # gpu_check.census_log.CensusLog when RIDGEFILL_CENSUS names a file, else None
+        self.exact_rows = ExactRows()  # namespace mode: which cached rows are exact (row-exact reuse)
         self._warned: dict[str, float] = {}
 
     @property
@@ -133,6 +135,15 @@ class RidgeFillRuntime:
         with census:
             return self._forward(original, lm, input_ids, positions, fb, *args, **kwargs)
 
+    def _note_cache_hit(self, st: RequestState) -> None:
+        """``meta_info["ridgefill"]``: how many prompt rows came from the radix cache, and in namespace mode how
+        many of those were exact (the rest filled)."""
+        if st.start < 0:
+            return
+        st.stats["cached"] = st.start
+        if st.plan.cache_mode == "namespace" and st.start:
+            st.stats["cached_exact"] = self.exact_rows.count_exact(st.row_keys(st.prompt_ids.tolist()), st.start)
+
     def _forward(self, original, lm, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, *args, **kwargs):
         hidden_size = self.adapter.shape.hidden_size
         dtype = self.adapter.model.embed_tokens.weight.dtype
@@ -144,7 +155,8 @@ class RidgeFillRuntime:
                 n = int(fb.extend_seq_lens_cpu[i])
                 rows = slice(starts[i], starts[i] + n)
                 prefill.begin(st, fb, i, rows, hidden_size, dtype, chunk_ids=self._chunk_ids(rid, fb, i, n),
-                              recurrent_sinks=self._recurrent_sinks(st), sinks=self._sinks())
+                              recurrent_sinks=self._recurrent_sinks(st), sinks=self._sinks(), streams=self._streams(st))
+                self._note_cache_hit(st)
                 if st.exact_reason is not None:
                     self._finish(rid, st)
             work.append(st if st is not None and st.runs else None)
@@ -214,6 +226,16 @@ class RidgeFillRuntime:
         plan_batch(backend, sub)
         out = self.adapter.model(sub.input_ids, sub.positions, sub)
         hidden[rows] = out if isinstance(out, torch.Tensor) else out[0]
+
+    def _streams(self, st: RequestState) -> bool:
+        """Whether ``st``'s tail rows can run every layer in their own chunk (``prefill._stream_tail``): no row
+        of the prefix runs exactly (no selection, no sink rows run exactly, no splice), no value rescale, every
+        key visible (not nofill), and no upper recurrent state to carry (dense models)."""
+        plan = st.plan
+        return (
+            not self.adapter.recurrent_layers and plan.arm != "nofill" and not plan.has_selection
+            and plan.splice is None and not plan.value_rescale and not (self._sinks() and plan.arm == "ridgefill")
+        )
 
     def _recurrent_sinks(self, st: RequestState) -> bool:
         """Whether ``st``'s fill runs sink rows exactly on a model with recurrent (Gated DeltaNet) layers."""

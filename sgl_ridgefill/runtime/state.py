@@ -78,6 +78,24 @@ class RequestState:
     recurrent: Any = None
     # Hybrid models whose fill has sink rows: the upper GDN states take the prefix in sweep 2 (prefill.begin).
     states_in_sweep_two: bool = False
+    # Namespace mode: the prompt's row keys (exact_rows.prefix_keys), computed when first needed, and the prefix
+    # rows that ran exactly (selected and sink rows, host), known once the prefill is done.
+    streams: bool = False  # the tail's upper layers run chunk by chunk (prefill.begin decides)
+    keys: Any = None
+    exact_positions: list[int] = field(default_factory=list)
+
+    def row_keys(self, token_ids) -> Any:
+        """The keys of the rows of ``token_ids`` (the prompt, then any output) in this plan's namespace."""
+        from .exact_rows import prefix_keys
+
+        if self.keys is None or len(self.keys) < len(token_ids):
+            self.keys = prefix_keys(self.plan.namespace, token_ids)
+        return self.keys[: len(token_ids)]
+
+    def exact_from(self) -> int:
+        """The first row from which every row this request computed is exact (rows before it are exact only
+        when listed in :attr:`exact_positions`)."""
+        return self.boundary if self.prefill_done else 0
 
     @property
     def bound(self) -> bool:
@@ -165,7 +183,7 @@ class RequestState:
         """What ran, for the response's ``meta_info["ridgefill"]``."""
         if self.exact_reason is not None:
             out = {"ran": False, "reason": self.exact_reason}
-            for key in ("filled_before_failure", "deferred_rows_lost"):
+            for key in ("cached", "cached_exact", "filled_before_failure", "deferred_rows_lost"):
                 if self.stats.get(key):
                     out[key] = self.stats[key]
             return out

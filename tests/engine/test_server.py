@@ -72,27 +72,45 @@ def test_generate_matches_reference_and_bad_params_get_400(server):
 def test_namespace_mode_shares_filled_kv_only_among_ridgefill(server):
     model, url = server
     ids = prompt(41, 150)
-    first = _top(_generate(url, ids, {}))
-    second = _top(_generate(url, ids, {}))
-    # The filled prefix is reused within the namespace, up to the request's own boundary: its tail rows run
-    # exactly again (C12: a match never reaches into the tail, whose rows another plan may have filled).
-    assert first["cached"] == 0 and second["cached"] == 150 - TAIL
-    assert_top_close(second, [tuple(t) for t in first["top"]], atol=1e-4)
+    first = _generate(url, ids, {})
+    second = _generate(url, ids, {})
+    # The filled prefix is reused within the namespace up to the request's own boundary, and past it the rows
+    # the first request computed exactly (its tail): the second prefills only its last row, as stock would.
+    assert _top(first)["cached"] == 0 and _top(second)["cached"] == 149
+    assert first.json()["meta_info"]["ridgefill"]["streamed"]  # the bare fill's tail ran chunk by chunk
+    summary = second.json()["meta_info"]["ridgefill"]
+    assert summary["cached"] == 149 and summary["cached_exact"] == 149 - (150 - TAIL)
+    assert_top_close(_top(second), [tuple(t) for t in _top(first)["top"]], atol=1e-4)
     exact = _top(_generate(url, ids, {"enabled": False}))
     assert exact["cached"] == 0  # the exact request never sees the namespace
     assert_top_close(exact, model.expected_top(ids, split=SPLIT, tail=TAIL, arm="exact"))
-    assert_top_close(first, model.expected_top(ids, split=SPLIT, tail=TAIL))
+    assert_top_close(_top(first), model.expected_top(ids, split=SPLIT, tail=TAIL))
+
+
+def test_a_new_question_on_a_cached_document_prefills_only_its_own_tokens(server):
+    """Row-exact reuse: the second question matches the document's filled rows before its boundary and the
+    document rows the first request's tail computed exactly; it answers as a fresh fill of its prompt would."""
+    model, url = server
+    document = prompt(44, 130)
+    first_ids, second_ids = document + prompt(45, 10), document + prompt(46, 10)
+    assert _generate(url, first_ids, {}).status_code == 200
+    second = _generate(url, second_ids, {})
+    summary = second.json()["meta_info"]["ridgefill"]
+    assert _top(second)["cached"] == 130 and summary["cached_exact"] == 130 - (140 - TAIL)
+    assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL))
 
 
 def test_a_shorter_prompt_never_reads_filled_rows_in_its_tail(server):
     """C12: in namespace mode a request whose tail lies inside a longer request's filled prefix must not
-    match it there; it fills its own prefix up to its boundary and runs its tail exactly."""
+    match it there; it fills its own prefix up to its boundary and runs its tail exactly. Its tail rows the
+    tree already held (the longer request's filled rows) never become exact rows for the next request."""
     model, url = server
     ids = prompt(42, 150)
     assert _generate(url, ids, {}).status_code == 200
-    short = _top(_generate(url, ids[:100], {}))
-    assert 0 < short["cached"] <= 100 - TAIL
-    assert_top_close(short, model.expected_top(ids[:100], split=SPLIT, tail=TAIL))
+    for _ in range(2):
+        short = _top(_generate(url, ids[:100], {}))
+        assert 0 < short["cached"] <= 100 - TAIL
+        assert_top_close(short, model.expected_top(ids[:100], split=SPLIT, tail=TAIL))
 
 
 def test_every_streamed_chunk_says_what_ran(server):

@@ -1,0 +1,215 @@
+"""``sgl-ridgefill bench-serving``: SGLang's own serving benchmark against a stock and a RidgeFill server.
+
+    sgl-ridgefill bench-serving --model qwen2.5-coder-0.5b --ridgefill-maps DIR [--workloads NAMES]
+        [--servers stock,ridgefill,ridgefill-namespace] [--ridgefill-flags '--ridgefill-tail 1024'] [--out docs]
+        [--scale 1.0]
+
+The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``no_insert``, RidgeFill with
+``--ridgefill-cache-mode namespace``) run on this CPU (``sgl_ridgefill.cpu.launch_server``) on the same
+model, all started before the first run: each workload runs on every server in turn with ``python -m
+sglang.benchmark.serving --backend sglang`` (SGLang's client, not this project's), the radix cache flushed
+before each run. The workloads (:data:`WORKLOADS`) are what long-prompt serving looks like:
+
+- ``random-ids``: independent long prompts under concurrency (a cold prompt per request; other requests
+  decode meanwhile, so the p99 inter-token latency says whether the prefill slows them);
+- ``shared-prefix``: groups of questions on one long system prompt or document, asked in order (the radix
+  cache's case: every question after a group's first prefills only its own tokens on stock SGLang);
+- ``multi-turn``: the same with three turns per conversation, each turn sending the whole history.
+
+Per workload and server the report holds TTFT mean, median and p99, p99 inter-token latency, request and
+output throughput, the benchmark's duration and the client's command; ``docs/SERVING.md`` puts them side by
+side with the machine (CPU model, capability, dtype) and ``docs/serving.json`` holds them as numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    "random-ids": ("--dataset-name", "random-ids", "--random-input-len", "6144", "--random-output-len", "32",
+                   "--random-range-ratio", "1.0", "--num-prompts", "8", "--max-concurrency", "2"),
+    "shared-prefix": ("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
+                      "--gsp-prompts-per-group", "4", "--gsp-system-prompt-len", "6144", "--gsp-question-len", "128",
+                      "--gsp-output-len", "16", "--max-concurrency", "1", "--gsp-ordered"),
+    "multi-turn": ("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
+                   "--gsp-prompts-per-group", "2", "--gsp-system-prompt-len", "6144", "--gsp-question-len", "128",
+                   "--gsp-output-len", "16", "--gsp-num-turns", "3", "--max-concurrency", "1", "--gsp-ordered"),
+}
+# server -> its RidgeFill flags (None: stock SGLang), before --ridgefill-flags.
+SERVERS: dict[str, tuple[str, ...] | None] = {
+    "stock": None,
+    "ridgefill": (),
+    "ridgefill-namespace": ("--ridgefill-cache-mode", "namespace"),
+}
+# SGLang's serving benchmark's result fields -> the report's (seconds, milliseconds, per second).
+FIELDS = {
+    "mean_ttft_ms": ("ttft_mean_s", 1e-3), "median_ttft_ms": ("ttft_p50_s", 1e-3), "p99_ttft_ms": ("ttft_p99_s", 1e-3),
+    "p99_itl_ms": ("itl_p99_ms", 1.0), "duration": ("duration_s", 1.0), "request_throughput": ("requests_per_s", 1.0),
+    "output_throughput": ("output_tokens_per_s", 1.0), "completed": ("completed", 1),
+}
+
+
+def client_command(url: str, tokenizer: str, workload: str, output: pathlib.Path, *, seed: int = 0,
+                   scale: float = 1.0) -> list[str]:
+    """SGLang's benchmark client for one workload against ``url`` (``scale`` shrinks the prompt lengths)."""
+    args = list(WORKLOADS[workload])
+    if scale != 1.0:
+        for flag in ("--random-input-len", "--gsp-system-prompt-len"):
+            if flag in args:
+                i = args.index(flag) + 1
+                args[i] = str(max(16, int(int(args[i]) * scale)))
+    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", url,
+            "--tokenizer", tokenizer, "--seed", str(seed), "--output-file", str(output), "--disable-tqdm", *args]
+
+
+def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's fields of one result line of SGLang's benchmark."""
+    out = {}
+    for key, (name, factor) in FIELDS.items():
+        value = line.get(key)
+        out[name] = None if value is None else (value * factor if isinstance(factor, float) else value)
+    return out
+
+
+def run_client(command: list[str], output: pathlib.Path, *, timeout: float) -> dict[str, Any]:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not output.exists():
+        raise RuntimeError(f"the benchmark client failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    lines = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise RuntimeError(f"the benchmark client wrote no result to {output}")
+    return parse_result(lines[-1])
+
+
+def server_flags(model_dir: str, dtype: str, server: str, *, maps: str | None, extra: Sequence[str],
+                 longest: int) -> list[str]:
+    """The flags of one of :data:`SERVERS` (the CPU launcher adds its own)."""
+    flags = ["--model-path", str(model_dir), "--dtype", dtype, "--max-total-tokens", str(4 * longest + 8192),
+             "--mem-fraction-static", "0.25"]
+    own = SERVERS[server]
+    if own is not None:
+        flags += ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(maps), *own, *extra]
+    return flags
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        "# Serving: SGLang's serving benchmark, stock against RidgeFill",
+        "",
+        f"Generated by `{report['command']}`; do not edit by hand.",
+        "",
+        f"CPU {m.get('cpu_model')}; PyTorch capability {m.get('capability')}; dtype {m.get('dtype')}; "
+        f"{m.get('threads')} thread(s). Every server on this CPU on {report['model']}, prompt lengths scaled by "
+        f"{report.get('scale', 1.0)}; RidgeFill flags: `{' '.join(report['ridgefill_flags']) or '(defaults)'}` "
+        "(`ridgefill-namespace` adds `--ridgefill-cache-mode namespace`). Each workload ran on every server in turn "
+        "with `python -m sglang.benchmark.serving --backend sglang` (SGLang's client), the radix cache flushed "
+        "before each run.",
+        "",
+        "| workload | server | TTFT mean | TTFT median | TTFT p99 | p99 ITL | duration | requests/s | output tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in report["workloads"].items():
+        for server, r in entry.items():
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {name} | {server} | error: {r['error'][:120]} |||||||")
+                continue
+            lines.append(
+                f"| {name} | {server} | {r['ttft_mean_s']:.2f} s | {r['ttft_p50_s']:.2f} s | {r['ttft_p99_s']:.2f} s | "
+                f"{r['itl_p99_ms']:.0f} ms | {r['duration_s']:.1f} s | {r['requests_per_s']:.3f} | "
+                f"{r['output_tokens_per_s']:.2f} |"
+            )
+    lines += ["", "Client commands (URL and output file stand for the run's own):", ""]
+    lines += [f"- `{name}`: `python -m sglang.benchmark.serving --backend sglang {' '.join(WORKLOADS[name])}`"
+              for name in report["workloads"]]
+    return "\n".join(lines) + "\n"
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench-serving", help="SGLang's serving benchmark: stock vs RidgeFill servers on this CPU",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="an HF folder or a `sgl-ridgefill model` name")
+    p.add_argument("--ridgefill-maps", required=True, type=pathlib.Path, help="the RidgeFill server's maps")
+    p.add_argument("--ridgefill-flags", type=shlex.split, default=[],
+                   help="more flags for the RidgeFill server, one string (e.g. '--ridgefill-tail 1024')")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
+    p.add_argument("--dtype", default="auto", help="the servers' dtype (default auto: this CPU's)")
+    p.add_argument("--scale", type=float, default=1.0, help="scale the prompt lengths (default 1.0)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"),
+                   help="folder for SERVING.md and serving.json (default docs)")
+    p.add_argument("--timeout", type=float, default=7200.0, help="seconds per client run (default 7200)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from ..cpu.dtype import choose_dtype
+    from ..cpu.launch_server_process import running_server
+    from ..models import resolve_model
+    from .machine import machine_record
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    servers = [s for s in args.servers.split(",") if s]
+    for kind, names, known in (("workload", workloads, WORKLOADS), ("server", servers, SERVERS)):
+        unknown = [w for w in names if w not in known]
+        if unknown or not names:
+            print(f"sgl-ridgefill bench-serving: unknown {kind}(s) {', '.join(unknown) or '(none given)'}; known: "
+                  f"{', '.join(known)}", file=sys.stderr)
+            return 2
+    model_dir = str(resolve_model(args.model))
+    dtype = choose_dtype(args.dtype)
+    longest = int(6144 * args.scale) + 1024
+    report: dict[str, Any] = {
+        "command": " ".join(shlex.quote(w) for w in ["sgl-ridgefill", "bench-serving", *sys.argv[2:]]),
+        "model": pathlib.Path(model_dir).name, "ridgefill_flags": list(args.ridgefill_flags), "scale": args.scale,
+        "machine": machine_record(dtype=dtype.dtype, server_env=None, server_local=True), "workloads": {},
+    }
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        urls = {}
+        for server in servers:
+            flags = server_flags(model_dir, dtype.dtype, server, maps=str(args.ridgefill_maps),
+                                 extra=args.ridgefill_flags, longest=longest)
+            log = args.out / f"serving-{server}.log"
+            print(f"starting the {server} server (log {log})", file=sys.stderr, flush=True)
+            urls[server] = stack.enter_context(running_server(flags, log_path=log, timeout=1800))
+        for workload in workloads:
+            entry = report["workloads"].setdefault(workload, {})
+            for server in servers:
+                import urllib.request
+
+                urllib.request.urlopen(urllib.request.Request(urls[server] + "/flush_cache", method="POST"), timeout=60)
+                output = pathlib.Path(tmp) / f"{workload}-{server}.jsonl"
+                command = client_command(urls[server], model_dir, workload, output, scale=args.scale)
+                try:
+                    entry[server] = run_client(command, output, timeout=args.timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as error:
+                    entry[server] = {"error": str(error)}
+                print(f"{workload} {server}: {entry[server]}", file=sys.stderr, flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "serving.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "SERVING.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if all("error" not in r for e in report["workloads"].values() for r in e.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
+    add_subparser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench-serving", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

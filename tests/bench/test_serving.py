@@ -1,0 +1,49 @@
+"""``sgl-ridgefill bench-serving`` without servers: the client's command, the result's fields, the servers'
+flags, the report, and a clear refusal of unknown names."""
+
+from __future__ import annotations
+
+import pathlib
+
+from sgl_ridgefill.bench import serving
+from sgl_ridgefill.cli import build_parser
+
+
+def test_the_client_is_sglangs_serving_benchmark_scaled():
+    cmd = serving.client_command("http://h:1", "/m", "shared-prefix", pathlib.Path("/o.jsonl"), scale=0.5)
+    assert cmd[1:4] == ["-m", "sglang.benchmark.serving", "--backend"] and "--gsp-ordered" in cmd
+    assert cmd[cmd.index("--gsp-system-prompt-len") + 1] == "3072"
+    assert cmd[cmd.index("--base-url") + 1] == "http://h:1" and cmd[cmd.index("--output-file") + 1] == "/o.jsonl"
+
+
+def test_result_fields_in_seconds():
+    got = serving.parse_result({"mean_ttft_ms": 1500.0, "median_ttft_ms": 1000.0, "p99_ttft_ms": 2000.0,
+                                "p99_itl_ms": 513.0, "duration": 66.9, "request_throughput": 0.1,
+                                "output_throughput": 2.0, "completed": 8})
+    assert got == {"ttft_mean_s": 1.5, "ttft_p50_s": 1.0, "ttft_p99_s": 2.0, "itl_p99_ms": 513.0,
+                   "duration_s": 66.9, "requests_per_s": 0.1, "output_tokens_per_s": 2.0, "completed": 8}
+
+
+def test_server_flags():
+    stock = serving.server_flags("/m", "float32", "stock", maps="/maps", extra=["--x"], longest=100)
+    assert "--prefill-backend" not in stock and "--x" not in stock
+    ns = serving.server_flags("/m", "float32", "ridgefill-namespace", maps="/maps", extra=["--x"], longest=100)
+    assert ns[ns.index("--ridgefill-maps") + 1] == "/maps"
+    assert ns[ns.index("--ridgefill-cache-mode") + 1] == "namespace" and ns[-1] == "--x"
+
+
+def test_report_lists_every_server_that_ran():
+    row = {"ttft_mean_s": 1.0, "ttft_p50_s": 1.0, "ttft_p99_s": 1.0, "itl_p99_ms": 5.0, "duration_s": 2.0,
+           "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "completed": 1}
+    report = {"command": "sgl-ridgefill bench-serving", "model": "m", "ridgefill_flags": [], "scale": 0.5,
+              "machine": {"cpu_model": "c", "capability": "AVX2", "dtype": "float32", "threads": 2},
+              "workloads": {"random-ids": {"stock": row, "ridgefill": {"error": "boom"}}}}
+    text = serving.markdown(report)
+    assert "| random-ids | stock | 1.00 s |" in text and "| random-ids | ridgefill | error: boom" in text
+    assert "AVX2" in text and "float32" in text and "scaled by 0.5" in text
+
+
+def test_unknown_names_are_refused(capsys):
+    args = build_parser().parse_args(["bench-serving", "--model", "m", "--ridgefill-maps", "d", "--servers", "stok"])
+    assert args.func(args) == 2
+    assert "unknown server(s) stok; known: stock, ridgefill, ridgefill-namespace" in capsys.readouterr().err
