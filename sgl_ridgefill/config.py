@@ -34,6 +34,7 @@ class ServerConfig:
     arm: str | None = None
     cache_mode: str | None = None
     map_dtype: str = "auto"
+    map_residence: str = "device"
     diagnostics: bool = False
     request_policies: tuple[str, ...] = ()  # () only the server's own policy; ("all",) every shipped one
     max_tail: int | None = None

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .vocabulary import ARMS, SPLICES  # noqa: F401 - re-exported
+
 KEY = "ridgefill"
 WHERE = 'custom_params["ridgefill"]'
 
-ARMS = ("ridgefill", "identity", "nofill", "exact")
 CONTROLS = ("none", "random")
-SPLICES = ("keys", "values", "both", "key_norm")
 MAX_POLICY_NAME = 200
 MAX_EXACT_ROWS = 1 << 16
 INT32_MAX = 2**31 - 1

@@ -20,16 +20,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .request_schema import ARMS, MAX_POLICY_NAME, diagnostic_summary
+from .request_schema import MAX_POLICY_NAME, diagnostic_summary
+from .vocabulary import ARMS, CACHE_MODES, DEFAULT_TAIL, MAP_RESIDENCES  # noqa: F401 - re-exported
 
 ENV_PREFIX = "RIDGEFILL_"
 FLAG_PREFIX = "--ridgefill-"
 KEYWORD_PREFIX = "ridgefill_"
 
 PREFILL_BACKENDS = ("default", "ridgefill")
-CACHE_MODES = ("no_insert", "namespace")
 MAP_DTYPES = ("auto", "bfloat16", "float32", "int8")
-DEFAULT_TAIL = 1024
 ALL_POLICIES = "all"  # --ridgefill-request-policies all
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -202,6 +201,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     ChoiceSetting(name="map_dtype", choices=MAP_DTYPES, default="auto",
                   help="dtype the maps are kept in (default `auto`: the model's)"),
+    ChoiceSetting(name="map_residence", choices=MAP_RESIDENCES, default="device",
+                  help="`device` (default): the maps stay in the GPU's memory; `host`: in pinned host memory, each "
+                       "upper layer's map copied to the device on a side stream ahead of its use (saves their "
+                       "size in device memory, costs one copy per layer and fill)"),
     SwitchSetting(
         name="diagnostics",
         help=f"lets clients use the diagnostic request keys and values ({diagnostic_summary()}) and select any "

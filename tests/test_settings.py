@@ -28,6 +28,7 @@ SAMPLES = {
     "arm": ("identity", "identity"),
     "cache_mode": ("namespace", "namespace"),
     "map_dtype": ("int8", "int8"),
+    "map_residence": ("host", "host"),
     "diagnostics": ("1", True),
     "request_policies": ("a, b", ("a", "b")),
     "max_tail": ("4096", 4096),

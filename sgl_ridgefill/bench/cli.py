@@ -29,11 +29,11 @@ import sys
 from typing import Any
 
 from ..cpu.dtype import CHOICES as DTYPE_CHOICES
+from ..vocabulary import DEFAULT_TAIL
 from .bounds import ModelDims
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_SPLIT = 12
-DEFAULT_TAIL = 1024
 # sgl_ridgefill.maps.format.MANIFEST, spelled out: importing the maps package pulls in torch, which the
 # benchmark client does not need.
 MAPS_MANIFEST = "manifest.json"

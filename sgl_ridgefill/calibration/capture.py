@@ -41,15 +41,17 @@ def read_config(model_dir: pathlib.Path) -> dict[str, Any]:
     return config
 
 
-def load_model(model_dir: pathlib.Path, dtype: str = "bfloat16") -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    """``(model, tokenizer, config dict)`` from a local HF folder, in eval mode, never touching the hub."""
+def load_model(model_dir: pathlib.Path, dtype: str = "bfloat16", device_map: Any = None) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """``(model, tokenizer, config dict)`` from a local HF folder, in eval mode, never touching the hub;
+    ``device_map``: where its weights go (``device.Placement.device_map``; default the CPU)."""
     config = read_config(model_dir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=getattr(torch, dtype), local_files_only=True, attn_implementation="sdpa"
+        model_dir, dtype=getattr(torch, dtype), local_files_only=True, attn_implementation="sdpa",
+        **({} if device_map in (None, "cpu") else {"device_map": device_map}),
     )
     model.eval()
     return model, tokenizer, config

@@ -145,6 +145,9 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="model dtype for the pass (default auto: bfloat16 where this CPU has native bfloat16 "
                         "matmuls, float32 elsewhere; the maps serve the model in either dtype)")
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where the pass runs (default auto: CUDA when present; cuda with several GPUs spreads "
+                        "a model too large for one over all of them)")
     parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
     parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -178,7 +181,7 @@ def _config(args: argparse.Namespace, *, out_dir: pathlib.Path | None, kinds: tu
         max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, max_doc_pieces=args.max_doc_pieces,
         min_doc_tokens=args.min_doc_tokens,
         heldout_docs=args.heldout_docs, stats_dir=args.stats,
-        force=args.force, seed=args.seed, dtype=args.dtype, checkpoint_seconds=args.checkpoint_seconds,
+        force=args.force, seed=args.seed, dtype=args.dtype, device=args.device, checkpoint_seconds=args.checkpoint_seconds,
         progress=not args.no_progress, kinds=kinds, **fit,
     )
 

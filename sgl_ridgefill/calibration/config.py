@@ -36,7 +36,8 @@ class CalibrationConfig:
     documents (and trailing pieces) are skipped; ``heldout_docs``: whole documents kept out of the fit to
     choose ``lam`` and score the maps; ``checkpoint_seconds``: how often statistics are saved for resume;
     ``dtype``: the model's dtype for the pass, ``"auto"`` for this CPU's (:mod:`sgl_ridgefill.cpu.dtype`:
-    bfloat16 where its matmuls run natively, float32 elsewhere).
+    bfloat16 where its matmuls run natively, float32 elsewhere; on a GPU, bfloat16); ``device``: where the
+    pass runs (:mod:`.device`: ``auto`` is CUDA when present).
     """
 
     model: str
@@ -55,6 +56,7 @@ class CalibrationConfig:
     force: bool = False
     seed: int = 0
     dtype: str = "auto"
+    device: str = "auto"
     checkpoint_seconds: float = 120.0
     progress: bool = True
     # Map kinds (maps/kinds.py) whose statistics the pass accumulates; `calibrate` fits the first.

@@ -119,10 +119,11 @@ def calibrate(config: CalibrationConfig, *, log: Log = _stderr) -> CalibrationRe
 
 def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[StatsState, pathlib.Path, dict[str, Any]]:
     """Run (or resume) the statistics pass of ``config`` for its map kinds: ``(state, stats folder, pass timing)``."""
-    from sgl_ridgefill.cpu.dtype import choose_dtype
+    from sgl_ridgefill.cpu.dtype import DtypeChoice, choose_dtype
     from sgl_ridgefill.models import resolve_model
 
     from .capture import load_model, read_config
+    from .device import place
     from .corpus import open_corpus
     from .statpass import check_enough_rows, run_pass
     from .targets import kv_dim, recurrent_layers, sink_rule
@@ -140,10 +141,14 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     hf_config = read_config(model_dir)
     num_layers = int(hf_config["num_hidden_layers"])
     config.check_splits(num_layers, f"model {model_dir}")
+    placement = place(config.device)
     dtype = choose_dtype(config.dtype)  # said first, once the inputs are known to be valid
+    if placement.stats_device.type == "cuda" and not dtype.chosen_by_user:
+        dtype = DtypeChoice("bfloat16", "a CUDA device runs bfloat16 natively")
     log(dtype.line())
+    log(placement.line())
     log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {dtype.dtype}")
-    model, tokenizer, hf_config = load_model(model_dir, dtype.dtype)
+    model, tokenizer, hf_config = load_model(model_dir, dtype.dtype, placement.device_map)
     d = int(hf_config["hidden_size"])
     kv_kinds = [k for k in config.kinds if map_kind(k).predicts_kv]
     if kv_kinds and recurrent_layers(model):
@@ -172,7 +177,7 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     stats_dir = config.resolved_stats_dir
     state = _open_state(stats_dir, run, config.force, log)
     save = lambda s: s.save(stats_dir)  # noqa: E731
-    timing = run_pass(model, tokenizer, corpus, state, config, save=save, log=log)
+    timing = run_pass(model, tokenizer, corpus, state, config, save=save, log=log, device=placement.stats_device)
     check_enough_rows(state, corpus.name, config)
     pass_info = {**timing.as_dict(), "peak_memory_mib": round(peak_memory_mib(), 1)}
     log(

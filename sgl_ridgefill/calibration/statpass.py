@@ -84,8 +84,11 @@ def run_pass(
     *,
     save: Callable[[StatsState], None],
     log: Callable[[str], None],
+    device: torch.device | str = "cpu",
 ) -> PassTiming:
-    """Accumulate statistics into ``state`` (resuming from its progress); calls ``save`` at checkpoints."""
+    """Accumulate statistics into ``state`` (resuming from its progress) on ``device``; calls ``save`` at
+    checkpoints (which writes from host memory)."""
+    state.to(device)
     progress = state.progress
     splits, kinds = tuple(sorted(state.splits)), state.kinds
     num_layers = state.run["num_layers"]
@@ -121,7 +124,7 @@ def run_pass(
         for piece in pieces:
             ids = torch.tensor(piece, dtype=torch.int64)
             start = time.perf_counter()
-            states = capture_layer_inputs(model, ids, layers)
+            states = {l: x.to(device) for l, x in capture_layer_inputs(model, ids, layers).items()}
             middle = time.perf_counter()
             for split in splits:
                 every = {k: state.heldout_all[split, k] for k in kinds} if side == "heldout" else None
@@ -190,6 +193,7 @@ def run_pass(
         f"held-out documents; {skipped} shorter than --min-doc-tokens {config.min_doc_tokens} skipped"
         + ("; the corpus ran out before --max-tokens" if progress["exhausted"] else "")
     )
+    state.to("cpu")  # solving and saving read host memory
     return timing
 
 

@@ -93,6 +93,11 @@ class SplitStats:
         for index, (y, p) in enumerate(targets):
             self.add_layer(index, z, y, p)
 
+    def to(self, device: torch.device | str) -> None:
+        """Move every sum to ``device`` (in place)."""
+        for name in _FIELDS:
+            setattr(self, name, getattr(self, name).to(device))
+
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.{name}": getattr(self, name).reshape(-1) if name == "count" else getattr(self, name)
                 for name in _FIELDS}
@@ -150,6 +155,12 @@ class StatsState:
         empty = lambda: {key: _zeros(run, *key) for key in _keys(run)}  # noqa: E731
         return cls(run, empty(), empty(), empty(), {}, torch.zeros(run["vocab"], dtype=torch.int64), progress)
 
+    def to(self, device: torch.device | str) -> None:
+        """Move the sums to ``device`` (in place; the token counts and exact K/V maps stay in host memory)."""
+        for stats in self.sides().values():
+            for entry in stats.values():
+                entry.to(device)
+
     def save(self, stats_dir: pathlib.Path) -> None:
         """Write the whole state as one file, atomically (temporary file, then rename)."""
         stats_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +173,7 @@ class StatsState:
         header = {"format": STATS_FORMAT, "version": STATS_VERSION, "run": self.run, "progress": self.progress}
         tmp = stats_dir / f".{STATS_FILE}.tmp-{os.getpid()}"
         try:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"ridgefill": json.dumps(header)})
+            save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata={"ridgefill": json.dumps(header)})
             os.replace(tmp, stats_dir / STATS_FILE)
         finally:
             tmp.unlink(missing_ok=True)

@@ -49,21 +49,22 @@ class KVProjection:
         attn = layer.self_attn
         projs = (attn.k_proj, attn.v_proj)
         weight = torch.cat([p.weight.detach().float() for p in projs])
-        bias = torch.cat([p.bias.detach().float() if p.bias is not None else torch.zeros(p.out_features) for p in projs])
+        bias = torch.cat([p.bias.detach().float() if p.bias is not None else
+                          torch.zeros(p.out_features, device=p.weight.device) for p in projs])
         return cls(layer.input_layernorm, weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[k, v]`` of inputs ``x``: ``[n, d] -> [n, 2 kv_dim]`` float32."""
         with torch.no_grad():
             # The norm upcasts to float32 itself; with float32 input its output stays float32 in any model dtype.
-            h = self.norm(x.float()).float()
-            return torch.nn.functional.linear(h, self.weight, self.bias)
+            h = self.norm(x.to(self.weight.device).float()).float()  # on the layer's device (a spread model)
+            return torch.nn.functional.linear(h, self.weight, self.bias).to(x.device)
 
     def exact_map(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A [2 kv_dim, d], b [2 kv_dim])`` float64 with ``[k, v] = A u + b`` for ``u = x / rms(x)``: the
         layer's RMSNorm is ``gamma * u`` (up to its epsilon), so the map of the split layer itself is exact."""
-        gamma = self.norm.weight.detach().double()
-        return self.weight.double() * gamma[None, :], self.bias.double()
+        gamma = self.norm.weight.detach().double().cpu()
+        return self.weight.double().cpu() * gamma[None, :], self.bias.double().cpu()
 
 
 def kv_projections(model: torch.nn.Module, layers: Sequence[int]) -> dict[int, KVProjection]:

@@ -167,7 +167,7 @@ class _Launches(TorchFunctionMode):
             self.seconds += time.perf_counter() - t0
 
 
-class _MetaCopies:
+class MetaCopies:
     """The split states' copies for a meta device: the copy back is a meta tensor of the buffer's shape."""
 
     def copy(self, dst, src):
@@ -201,15 +201,18 @@ def plan_passes(case: Case, exact: torch.Tensor) -> list[PassPlan]:
     return out
 
 
-def host_side(case: Case, exact: torch.Tensor, *, repeats: int = 5, device: str = "meta") -> dict[str, Any]:
+def host_side(case: Case, exact: torch.Tensor, *, repeats: int = 5, device: str = "meta", copies: Any = None) -> dict[str, Any]:
     """The request's host work on one thread, its device tensors on ``device`` (``meta`` here; ``cuda`` in
-    ``gpu-check --tier kernels``): the least ms of its runs, device ops, ledger counts."""
+    ``gpu-check --tier kernels``, or under ``FakeTensorMode`` in the tests): the least ms of its runs, device
+    ops, ledger counts. ``copies``: the split states' copy stream (default: CUDA's on ``cuda``, shapes only
+    elsewhere)."""
     from ..runtime.host_rows import HostRows
 
     device = torch.device(device)
     slots = torch.zeros(case.length, dtype=torch.int32, device=device)
-    split_states = HostRows(case.prefix, case.dims.hidden_size, torch.bfloat16, device,
-                            copies=None if device.type == "cuda" else _MetaCopies())
+    if copies is None:
+        copies = None if device.type == "cuda" else MetaCopies()
+    split_states = HostRows(case.prefix, case.dims.hidden_size, torch.bfloat16, device, copies=copies)
     last_chunk_rows = torch.zeros(1, case.dims.hidden_size, dtype=torch.bfloat16, device=device)
     meta = device.type == "meta"
 

@@ -26,11 +26,8 @@ from .plan import SelectionPlan
 from .selection import compile_selection
 from .targets import MapsInfo, ModelInfo
 
-ARMS = ("ridgefill", "identity", "nofill", "exact")
-CACHE_MODES = ("no_insert", "namespace")
-DEFAULT_ARM = "ridgefill"
-DEFAULT_TAIL = 1024
-DEFAULT_CACHE_MODE = "no_insert"
+from ..vocabulary import ARMS, CACHE_MODES, DEFAULT_ARM, DEFAULT_CACHE_MODE, DEFAULT_TAIL  # noqa: F401 - re-exported
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DEFAULT_TAIL, ServerConfig
+from ..config import ServerConfig
+from ..vocabulary import DEFAULT_ARM, DEFAULT_CACHE_MODE, DEFAULT_TAIL
 from ..request_params import RequestParamError, parse_request_params, refuse_diagnostics
 from .plan import RequestPlan
 
@@ -23,6 +24,9 @@ NOFILL_UNDER_PD = (
     "stock decode worker cannot)"
 )
 
+
+# What a plan field is when no request, policy or flag sets it (the split defaults to the maps').
+PLAN_DEFAULTS = {"arm": DEFAULT_ARM, "tail": DEFAULT_TAIL, "cache_mode": DEFAULT_CACHE_MODE}
 
 HYBRID_NAMESPACE_REFUSAL = (
     "cache mode namespace is not available on hybrid (Gated DeltaNet) models: a recurrent state stored under a "
@@ -92,6 +96,18 @@ class Admitter:
         own = self.policy.name if self.policy is not None else None
         return {name: p for name, p in sorted(self.policies.items()) if self.config.allows_policy(name, own)}
 
+    def effective(self, name: str, params: Any = None, named: Any = None) -> Any:
+        """The value of plan field ``name`` a request runs with: the request's own (``params``), else the policy
+        it named (``named``, which then stands in for the server's settings), else the server flag, else the
+        server's policy, else the default (``split``: the maps' default). With no request, what a request that
+        sets nothing runs with: the startup line reports this."""
+        sources = (params, named) if named is not None else (params, self.config, self.policy)
+        for source in sources:
+            value = getattr(source, name, None) if source is not None else None
+            if value is not None:
+                return value
+        return self.facts.default_split if name == "split" else PLAN_DEFAULTS.get(name)
+
     def admit(self, custom_params: Mapping[str, Any] | None, request: RequestFacts = RequestFacts()) -> Admission:
         """The request's plan, or why it runs exactly. Raises ``RequestParamError`` (HTTP 400)."""
         params = parse_request_params(custom_params)
@@ -114,15 +130,9 @@ class Admitter:
                     f"clients select (allowed: {allowed}; see --ridgefill-request-policies)"
                 )
         policy = named or self.policy
-        # Request value, else the policy the request named, else the server flag, else the server policy.
-        sources = (params, named) if named is not None else (params, cfg, self.policy)
 
         def pick(name: str):
-            for source in sources:
-                value = getattr(source, name, None) if source is not None else None
-                if value is not None:
-                    return value
-            return None
+            return self.effective(name, params, named)
 
         arm = pick("arm") or "ridgefill"
         if arm == "exact":

@@ -32,13 +32,14 @@ from typing import Any
 
 import torch
 
+from ..vocabulary import ARM_WIRE_ORDER
 from .state import state_of
 
 logger = logging.getLogger("sgl_ridgefill")
 
 FIRST_SLOT = 7  # cached_tokens slots 0-6 are SGLang's (cached-token counts, multimodal token counts)
 MAGIC = 0x52464431  # "RFD1": slot 7 of a descriptor written by RidgeFill (0: none, e.g. a stock prefill)
-ARMS = ("exact", "ridgefill", "identity", "nofill")
+ARMS = ARM_WIRE_ORDER  # the descriptor's arm index
 FILLED, FAILED = 1, 2  # flag bits
 
 

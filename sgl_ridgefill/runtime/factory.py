@@ -20,7 +20,7 @@ from ..attention.backends import advice
 from ..attention.contract import HIDDEN_KEYS, HIDDEN_KEYS_IN_EXTEND, ROW_QUERIES, VISIBLE_KEYS, capability, row_query_backend
 from ..config import ServerConfig
 from ..maps.kinds import MapKind
-from . import distributed
+from . import distributed, resolved
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import HYBRID_NAMESPACE_REFUSAL, Admitter, ServerFacts
 from .hybrid_adapter import HYBRID_ARCHITECTURES, make_adapter
@@ -44,10 +44,11 @@ def unsupported_reason(runner: Any) -> str | None:
     layout = distributed.refusal(sa)
     if layout is not None:
         return layout
+    refusal = resolved.read(runner).refusal()  # speculative decoding, the KV cache's dtype, torch.compile
+    if refusal is not None:
+        return refusal
     checks = (
-        (getattr(sa, "speculative_algorithm", None), f"speculative decoding ({getattr(sa, 'speculative_algorithm', '')}) is not supported"),
         (getattr(sa, "enable_lora", False) or getattr(sa, "lora_paths", None), "LoRA adapters are not supported"),
-        (getattr(sa, "kv_cache_dtype", "auto") not in ("auto", None), f"quantised KV cache ({getattr(sa, 'kv_cache_dtype', '')}) is not supported"),
         (getattr(sa, "enable_deterministic_inference", False), "deterministic inference is not supported"),
         ((getattr(sa, "tokenizer_worker_num", 1) or 1) > 1,
          "several tokenizer workers are not supported (SGLang's extra workers load no plugin, so nothing there "
@@ -171,7 +172,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
                          hidden_size=adapter.shape.hidden_size, kv_dim=adapter.shape.kv_dim,
-                         compute_dtype=inner.embed_tokens.weight.dtype)
+                         compute_dtype=inner.embed_tokens.weight.dtype, residence=config.map_residence)
         if tp is not None:  # one map kernel on every rank: the ranks' fills then agree bit for bit
             maps.map_backends = tp.from_first(lambda: maps.map_backends)
     token_table = _token_table(runner)
@@ -188,10 +189,13 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         terminal_offsets=recurrent.entries if recurrent is not None else (),
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
-    server_split = config.split or (server_policy.split if server_policy is not None else None) or facts.default_split
+    server_split = admitter.effective("split")
     if server_policy is not None and server_policy.has_selection() and server_split is not None:
         admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
-    chunk = getattr(sa, "chunked_prefill_size", None)
+    engine = resolved.read(runner)  # the settings SGLang resolved, not the raw flags
+    chunk = engine.chunk
+    logger.info("RidgeFill reads SGLang's resolved settings: chunk=%s kv_cache=%s model=%s page_size=%d prefill_backend=%s",
+                chunk, engine.kv_cache_dtype, engine.model_dtype, engine.page_size, engine.prefill_backend)
     from ..gpu_check.census_log import from_environment
 
     rt = RidgeFillRuntime(
@@ -201,19 +205,20 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         recurrent=recurrent.resources if recurrent is not None else None, census=from_environment(),
     )
     resident = maps.resident_bytes if maps is not None else 0
+    streamed = "" if maps is None or maps.residence != "host" else (
+        f" (streamed from {maps.host_bytes / 2**20:.1f} MiB of pinned host memory, two layers per split on the device)")
     if pd_prefill:
         logger.info("RidgeFill on a PD prefill worker: a RidgeFill request's KV is sent once its prefill is "
                     "complete; nofill requests run exact; cache mode no_insert")
     logger.info(
-        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s policy=%s arm=%s split=%s tail=%s "
+        "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s%s policy=%s arm=%s split=%s tail=%s "
         "cache=%s diagnostics=%s",
         type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
+        streamed,
         "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
-        server_policy.name if server_policy is not None else "-", config.arm or "policy/ridgefill",
-        config.split or (server_policy.split if server_policy is not None else facts.default_split),
-        config.tail or (server_policy.tail if server_policy is not None else "1024"),
-        "no_insert" if pd_prefill else
-        config.cache_mode or (server_policy.cache_mode if server_policy is not None else "no_insert"),
+        server_policy.name if server_policy is not None else "-", admitter.effective("arm"),
+        admitter.effective("split"), admitter.effective("tail"),
+        "no_insert" if pd_prefill or admitter.effective("arm") == "nofill" else admitter.effective("cache_mode"),
         "on" if config.diagnostics else "off",
     )
     return rt
@@ -279,7 +284,7 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
             hiding = f"the attention backend cannot hide keys from a pass at page size {page} (use --page-size 1)"
         rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal, visible_keys_refusal=hiding)
         policy = rt.admitter.policy
-        split = rt.config.split or (policy.split if policy is not None else None) or rt.admitter.facts.default_split
+        split = rt.admitter.effective("split")
         if policy is not None and policy.has_selection() and split is not None:
             rt.admitter.check_policy(policy, split)  # a server policy this backend cannot run stops the server
     if rt.disabled is not None:

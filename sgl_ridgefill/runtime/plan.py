@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..request_schema import namespace_fields
+from ..vocabulary import DEFAULT_CACHE_MODE
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class RequestPlan:
     arm: str  # "ridgefill" | "identity" | "nofill"
     split: int
     tail: int
-    cache_mode: str = "no_insert"
+    cache_mode: str = DEFAULT_CACHE_MODE
     exact_every: int | None = None
     control: str = "none"
     value_rescale: int | None = None

@@ -161,3 +161,14 @@ def test_namespace_is_a_function_of_everything_that_changes_filled_kv():
     admitter = _admitter()
     a, b, c = plan(admitter, {}), plan(admitter, {}), plan(admitter, {"tail": 100})
     assert a.namespace == b.namespace != c.namespace
+
+
+@pytest.mark.parametrize("cfg", [{}, {"tail": 1024}, {"split": 16, "cache_mode": "namespace"}])
+def test_the_startup_report_is_what_a_plain_request_runs(cfg):
+    """One resolution: what ``effective`` reports (the startup line) is the plan of a request that sets nothing,
+    including a server policy that leaves the split to the maps' default."""
+    admitter = _admitter(**cfg)
+    p = plan(admitter, None)
+    assert tuple(admitter.effective(k) for k in ("arm", "split", "tail", "cache_mode")) == (p.arm, p.split, p.tail, p.cache_mode)
+    no_split = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=_policy('policy "p" { tail 64 }'))
+    assert no_split.effective("split") == 12 == plan(no_split, None).split

@@ -1,0 +1,21 @@
+"""The words every layer of sgl-ridgefill shares, declared once: arms, cache modes, the default tail, splices,
+and the order the disaggregation descriptor writes arms in.
+
+Imported by the request schema, the server settings, the policy compiler, the plan and the descriptor; it
+imports nothing of the project, so anything may import it.
+"""
+
+from __future__ import annotations
+
+ARMS = ("ridgefill", "identity", "nofill", "exact")  # what fills the prefix (the order of help texts and tables)
+DEFAULT_ARM = "ridgefill"
+CACHE_MODES = ("no_insert", "namespace")  # how a RidgeFill request's KV may enter the radix cache
+DEFAULT_CACHE_MODE = "no_insert"
+DEFAULT_TAIL = 1024  # rows at the end of the prompt that run exactly when nothing else says
+MAP_RESIDENCES = ("device", "host")  # where the maps live while serving (host: streamed to the device per layer)
+SPLICES = ("keys", "values", "both", "key_norm")  # the splice diagnostic's parts of the exact model
+# The disaggregation descriptor encodes an arm as its index here: a wire format, never reordered.
+ARM_WIRE_ORDER = ("exact", "ridgefill", "identity", "nofill")
+
+assert set(ARM_WIRE_ORDER) == set(ARMS) and len(ARM_WIRE_ORDER) == len(ARMS), "every arm has one wire index"
+assert DEFAULT_ARM in ARMS and DEFAULT_CACHE_MODE in CACHE_MODES
