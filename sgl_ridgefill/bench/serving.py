@@ -43,6 +43,8 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
                    "--gsp-prompts-per-group", "2", "--gsp-system-prompt-len", "6144", "--gsp-question-len", "128",
                    "--gsp-output-len", "16", "--gsp-num-turns", "3", "--max-concurrency", "1", "--gsp-ordered"),
 }
+# SGLang's client runs multi-turn conversations through its chat backend only (the chat template applied).
+BACKENDS = {"multi-turn": "sglang-oai-chat"}
 # server -> its RidgeFill flags (None: stock SGLang), before --ridgefill-flags.
 SERVERS: dict[str, tuple[str, ...] | None] = {
     "stock": None,
@@ -66,8 +68,8 @@ def client_command(url: str, tokenizer: str, workload: str, output: pathlib.Path
             if flag in args:
                 i = args.index(flag) + 1
                 args[i] = str(max(16, int(int(args[i]) * scale)))
-    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", url,
-            "--tokenizer", tokenizer, "--seed", str(seed), "--output-file", str(output), "--disable-tqdm", *args]
+    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", BACKENDS.get(workload, "sglang"),
+            "--base-url", url, "--tokenizer", tokenizer, "--seed", str(seed), "--output-file", str(output), "--disable-tqdm", *args]
 
 
 def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def server_flags(model_dir: str, dtype: str, server: str, *, maps: str | None, e
                  longest: int) -> list[str]:
     """The flags of one of :data:`SERVERS` (the CPU launcher adds its own)."""
     flags = ["--model-path", str(model_dir), "--dtype", dtype, "--max-total-tokens", str(4 * longest + 8192),
-             "--mem-fraction-static", "0.25"]
+             "--mem-fraction-static", "0.6"]
     own = SERVERS[server]
     if own is not None:
         flags += ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(maps), *own, *extra]
@@ -111,8 +113,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"{m.get('threads')} thread(s). Every server on this CPU on {report['model']}, prompt lengths scaled by "
         f"{report.get('scale', 1.0)}; RidgeFill flags: `{' '.join(report['ridgefill_flags']) or '(defaults)'}` "
         "(`ridgefill-namespace` adds `--ridgefill-cache-mode namespace`). Each workload ran on every server in turn "
-        "with `python -m sglang.benchmark.serving --backend sglang` (SGLang's client), the radix cache flushed "
-        "before each run.",
+        "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
+        "multi-turn, which it requires), the radix cache flushed before each run.",
         "",
         "| workload | server | TTFT mean | TTFT median | TTFT p99 | p99 ITL | duration | requests/s | output tok/s |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -129,8 +131,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{r['itl_p99_ms']:.0f} ms | {r['duration_s']:.1f} s | {r['requests_per_s']:.3f} | "
                 f"{r['output_tokens_per_s']:.2f} |"
             )
-    lines += ["", "Client commands (URL and output file stand for the run's own):", ""]
-    lines += [f"- `{name}`: `python -m sglang.benchmark.serving --backend sglang {' '.join(WORKLOADS[name])}`"
+    lines += ["", "Client commands (URL and output file stand for the run's own; prompt lengths before the scale):", ""]
+    lines += [f"- `{name}`: `python -m sglang.benchmark.serving --backend {BACKENDS.get(name, 'sglang')} {' '.join(WORKLOADS[name])}`"
               for name in report["workloads"]]
     return "\n".join(lines) + "\n"
 
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         "model": pathlib.Path(model_dir).name, "ridgefill_flags": list(args.ridgefill_flags), "scale": args.scale,
         "machine": machine_record(dtype=dtype.dtype, server_env=None, server_local=True), "workloads": {},
     }
+    args.out.mkdir(parents=True, exist_ok=True)  # the servers' logs go there from the start
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         urls = {}
         for server in servers:

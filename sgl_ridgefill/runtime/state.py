@@ -148,7 +148,8 @@ class RequestState:
                 reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
                 self.stats["filled_before_failure"] = filled
             first_tail = max(self.boundary, self.start)
-            deferred = max(chunk_start - first_tail, 0)
+            # A streaming plan's earlier tail rows ran every layer in their own chunk: nothing is deferred.
+            deferred = 0 if self.streams else max(chunk_start - first_tail, 0)
             if deferred:
                 # Their upper-layer KV (and, on hybrids, their upper recurrent state) was never written: no
                 # fallback of this or a later chunk can compute an answer from it.

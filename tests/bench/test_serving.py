@@ -47,3 +47,10 @@ def test_unknown_names_are_refused(capsys):
     args = build_parser().parse_args(["bench-serving", "--model", "m", "--ridgefill-maps", "d", "--servers", "stok"])
     assert args.func(args) == 2
     assert "unknown server(s) stok; known: stock, ridgefill, ridgefill-namespace" in capsys.readouterr().err
+
+
+def test_multi_turn_runs_through_sglangs_chat_backend():
+    cmd = serving.client_command("http://h:1", "/m", "multi-turn", pathlib.Path("/o.jsonl"))
+    assert cmd[cmd.index("--backend") + 1] == "sglang-oai-chat" and "--gsp-num-turns" in cmd
+    assert "--backend sglang-oai-chat --dataset-name generated-shared-prefix" in serving.markdown(
+        {"command": "c", "model": "m", "ridgefill_flags": [], "machine": {}, "workloads": {"multi-turn": {}}})

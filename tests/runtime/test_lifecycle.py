@@ -236,3 +236,18 @@ def test_stopping_a_request_finishes_it_with_a_server_error():
     req = SimpleNamespace(to_finish=None)
     stop_request(req, "why")
     assert req.to_finish.message == "why" and req.to_finish.status_code == HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+def test_a_streaming_plan_loses_no_tail_rows_to_a_failure():
+    """A streaming plan's earlier tail rows ran every layer in their own chunk: the exact fallback of the
+    failing chunk reads their upper-layer KV, so the request answers instead of stopping."""
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8))
+    st.bind(torch.arange(100), None)
+    st.start, st.streams = 10, True
+    st.fail("RidgeFill failed (ValueError: x)", chunk_start=96)
+    assert st.stop_reason is None and "deferred_rows_lost" not in st.summary()
