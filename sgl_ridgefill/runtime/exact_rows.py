@@ -86,15 +86,12 @@ class ExactRows:
         exact[max(exact_from - lo, 0) :] = True
         below = [p - lo for p in exact_rows if lo <= p < exact_from]
         exact[below] = True
-        filled = keys[lo:][~exact].tolist()
-        for key in self._exact.keys() & set(filled):  # the tree's new KV there is filled: forget "exact"
-            del self._exact[key]
+        self._drop(keys[lo:][~exact].tolist())  # the tree's new KV there is filled: forget "exact"
         self._touch(keys[lo:][exact].tolist())
 
     def forget(self, keys: np.ndarray, lo: int) -> None:
         """Rows ``[lo, len(keys))`` entered the tree with KV of unknown kind: none reads as exact."""
-        for key in self._exact.keys() & set(keys[lo:].tolist()):
-            del self._exact[key]
+        self._drop(keys[lo:].tolist())
 
     def exact_until(self, keys: np.ndarray, lo: int, hi: int) -> int:
         """The first position in ``[lo, hi)`` whose row is not known to be exact (``hi`` when all are); the rows
@@ -111,6 +108,10 @@ class ExactRows:
     def count_exact(self, keys: np.ndarray, hi: int) -> int:
         """How many of the rows ``[0, hi)`` are known to be exact."""
         return sum(1 for key in keys[:hi].tolist() if key in self._exact)
+
+    def _drop(self, keys: list[int]) -> None:
+        for key in self._exact.keys() & set(keys):
+            del self._exact[key]
 
     def _touch(self, keys: list[int]) -> None:
         for key in keys:
