@@ -1,7 +1,7 @@
 """Attention received by every key row from a few query rows, summed over queries and heads.
 
-The selectors rank prefix rows by how much attention the last ``q`` prompt rows give them (SPEC.md,
-"Which rows to compute exactly"). For queries ``q: [n_q, n_q_heads, head_dim]`` and keys
+The selectors rank prefix rows by how much attention the last ``q`` prompt rows give them (the
+reference attention selection). For queries ``q: [n_q, n_q_heads, head_dim]`` and keys
 ``k: [n_k, n_kv_heads, head_dim]`` (both after RoPE), with grouped-query attention (query head ``h``
 reads kv head ``h // (n_q_heads // n_kv_heads)``) and a causal mask by position (query ``i`` sees key
 ``j`` iff ``k_positions[j] <= q_positions[i]``), the result is ``[n_k]`` float32::

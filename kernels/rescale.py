@@ -1,4 +1,4 @@
-"""Value rescale (SPEC.md, "Corrections"): one scale per KV head, measured per request, for filled values.
+"""Value rescale (one of the corrections): one scale per KV head, measured per request, for filled values.
 
 In an upper attention layer the first ``c`` tail rows go through the V projection twice, with their
 exact input (``v_exact``) and with the map's prediction from their own split state (``v_pred``). Per KV

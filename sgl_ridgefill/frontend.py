@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 from .patches import HTTP_REQUEST, NAMESPACE_MARK, wrap_http_request
-from .request_params import KEY, RequestParamError, parse_request_params
+from .request_schema import KEY, RequestParamError, parse_request_params
 from .request_schema import expand_shorthand
 
 if TYPE_CHECKING:

@@ -101,7 +101,7 @@ def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: A
     decode worker checks only that the parameters parse: the prefill worker runs RidgeFill and applies its
     own settings."""
     from .config import config_for
-    from .request_params import RequestParamError, parse_request_params
+    from .request_schema import RequestParamError, parse_request_params
     from .runtime.admission import check_request_bounds
 
     sampling = getattr(obj, "sampling_params", None) or {}
@@ -305,7 +305,7 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     cache while its prefill runs; in namespace mode its cache key gets a RidgeFill namespace, so only
     identical plans share filled KV. A bad parameter, or a cache key that names a RidgeFill namespace,
     aborts this request alone with a 400."""
-    from .request_params import RequestParamError
+    from .request_schema import RequestParamError
     from .runtime.runtime import get_runtime
     from .runtime.state import ATTR, RIDGEFILL_SKIP, RequestState, declined, report
 

@@ -1,9 +1,15 @@
-"""Every key of a request's ``custom_params["ridgefill"]``, declared once.
+"""Per-request RidgeFill parameters, ``custom_params={"ridgefill": {...}}``: every key declared once, parsed.
 
-:data:`REQUEST_KEYS` is the one list. The parser (``request_params.py``), the fields of
-:class:`~sgl_ridgefill.request_params.RequestParams`, the unknown-key error, which keys a server must opt
-into (``--ridgefill-diagnostics``), which plan fields make up a radix-cache namespace
-(``RequestPlan.namespace``) and the README's table of keys are all derived from it::
+They arrive through SGLang's ``SamplingParams.custom_params`` from the native ``/generate``, the
+OpenAI-compatible API (``extra_body={"custom_params": {...}}``) and ``Engine.generate``. The server checks
+them in the tokenizer process (a bad value is an HTTP 400 for that request alone) and again in the
+scheduler, where they become a :class:`~sgl_ridgefill.runtime.plan.RequestPlan`.
+
+:data:`REQUEST_KEYS` is the one list. The parser (:func:`parse_request_params`), the fields of
+:class:`RequestParams`, the unknown-key error, which keys a server must opt into
+(``--ridgefill-diagnostics``), which plan fields make up a radix-cache namespace (``RequestPlan.namespace``,
+checked against the plan's fields in ``runtime/plan.py``) and the README's table of keys are all derived
+from it::
 
     python -m sgl_ridgefill.request_schema --markdown     # the README's "Per request" table
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,6 +303,58 @@ def request_keys_markdown() -> str:
         default = k.default_doc if k.default is None else f"`{json.dumps(k.default)}`"
         lines.append(f"| `{k.name}` | {k.values_text()} | {default} | {k.diagnostic_text()} | {k.doc} |")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What one request asked for (one field per key of ``REQUEST_KEYS``, same order and defaults);
+    ``None`` fields fall back to the server's policy."""
+
+    enabled: bool = True
+    arm: str | None = None
+    policy: str | None = None
+    split: int | None = None
+    tail: int | None = None
+    exact_every: int | None = None
+    control: str = "none"
+    value_rescale: int | None = None
+    seed: int = 0
+    splice: str | None = None
+    exact_rows: tuple[int, ...] | None = None
+    watch_rows: tuple[int, ...] | None = None
+
+    @property
+    def wants_exact(self) -> bool:
+        return not self.enabled or self.arm == "exact"
+
+
+# A key declared without its field (or the other way round) would be dropped silently: fail at import.
+assert [(f.name, f.default) for f in dataclasses.fields(RequestParams)] == [
+    (k.name, k.default) for k in REQUEST_KEYS
+], "RequestParams and request_schema.REQUEST_KEYS differ"
+
+
+def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestParams | None:
+    """``None`` when the request carries no ``ridgefill`` key; raises :class:`RequestParamError` otherwise bad."""
+    if not custom_params or KEY not in custom_params:
+        return None
+    raw = custom_params[KEY]
+    if raw is None:
+        return None
+    return RequestParams(**parse_fields(raw))
+
+
+def refuse_diagnostics(params: RequestParams | None) -> None:
+    """Raise :class:`RequestParamError` when ``params`` uses a diagnostic key or value (for a server started
+    without ``--ridgefill-diagnostics``); one message names them all."""
+    used = diagnostic_keys_used(params)
+    if used:
+        from .settings import SETTINGS_BY_NAME  # settings reads this module's limits: imported when needed
+
+        raise RequestParamError(
+            f"{WHERE} uses diagnostic setting(s) {', '.join(used)}; "
+            f"this server accepts them only when started with {SETTINGS_BY_NAME['diagnostics'].flag}"
+        )
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def test_tokenizer_check_reads_the_bound_settings_not_the_environment(monkeypatc
     still accept RidgeFill requests, and a stock manager must still refuse them."""
     from sgl_ridgefill.config import ServerConfig, bind_config
     from sgl_ridgefill.patches import after_validate_one_request
-    from sgl_ridgefill.request_params import RequestParamError
+    from sgl_ridgefill.request_schema import RequestParamError
 
     monkeypatch.delenv("RIDGEFILL_PREFILL_BACKEND", raising=False)
     rf, stock = SimpleNamespace(), SimpleNamespace()

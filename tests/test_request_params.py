@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_ridgefill.request_params import RequestParamError, RequestParams, parse_request_params
+from sgl_ridgefill.request_schema import RequestParamError, RequestParams, parse_request_params
 
 
 def test_absent_means_server_default():

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from sgl_ridgefill import request_schema as schema
-from sgl_ridgefill.request_params import RequestParamError, RequestParams, parse_request_params, refuse_diagnostics
+from sgl_ridgefill.request_schema import RequestParamError, RequestParams, parse_request_params, refuse_diagnostics
 from sgl_ridgefill.runtime.plan import RequestPlan
 from sgl_ridgefill.settings import SETTINGS
 
@@ -187,3 +187,15 @@ def test_exact_rows_are_sorted_unique_positions():
     for bad in ([-1], [1.5], [True], "1,2", [0] * (schema.MAX_EXACT_ROWS + 1)):
         with pytest.raises(RequestParamError, match=r'\["exact_rows"\] must be a list of at most 65536 prompt positions'):
             _parse({"exact_rows": bad})
+
+
+def test_a_request_key_without_its_plan_field_fails_the_import_check():
+    from sgl_ridgefill.runtime.plan import check_carried_keys
+
+    check_carried_keys()  # the shipped schema and plan agree
+    extra = schema.IntKey(name="new_knob", doc="a key added to the schema alone", lo=0, hi=3)
+    with pytest.raises(AssertionError, match="request key 'new_knob' has no RequestPlan field"):
+        check_carried_keys((*schema.REQUEST_KEYS, extra))
+    changed = dataclasses.replace(schema.KEYS_BY_NAME["control"], default="random")
+    with pytest.raises(AssertionError, match="request key 'control' defaults to 'random', its RequestPlan field to 'none'"):
+        check_carried_keys((changed,))

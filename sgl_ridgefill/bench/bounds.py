@@ -1,4 +1,4 @@
-"""Speed bounds for RidgeFill prefill: the layer-pass bound ``1/r`` and a FLOP-counted bound (SPEC.md).
+"""Speed bounds for RidgeFill prefill: the layer-pass bound ``1/r`` and a FLOP-counted bound.
 
 The layer-pass bound assumes every layer costs the same per row and the maps are free:
 
@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-# The attention top-k selector reads the attention of this many last prompt rows (SPEC.md, "selectors").
+# The attention top-k selector reads the attention of this many last prompt rows.
 SELECTOR_QUERY_ROWS = 64
 
 

@@ -38,7 +38,7 @@ ALL_ARMS = NEEDLE_ARMS + SPLICE_ARMS + (CUT,)
 # Display order in every table and plot; a layer-range splice follows its all-layer splice.
 ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM,
              RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_NEEDLE_RANDOM, NOFILL_LONGTAIL, *SPLICE_ARMS, CUT)
-ROWS_SHARE = 10  # percent of the prefix the rows arms select (SPEC.md, the reference "+ rows" arms)
+ROWS_SHARE = 10  # percent of the prefix the rows arms select (the reference "+ rows" arms)
 ROWS_POLICY = "eval-rows"
 
 

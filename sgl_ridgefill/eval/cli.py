@@ -1,4 +1,4 @@
-"""``sgl-ridgefill eval``: the measurement suite against a RidgeFill server (SPEC.md, "Measurement").
+"""``sgl-ridgefill eval``: the measurement suite against a RidgeFill server (README, "Measuring quality").
 
     sgl-ridgefill eval --model qwen2.5-coder-0.5b --maps DIR --split 12 --lengths 4096 --out runs/qwen-s12
 

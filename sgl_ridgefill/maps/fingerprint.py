@@ -360,12 +360,3 @@ def _compare_layers(expected_model: Mapping[str, Any], actual_model: Mapping[str
         "lightly fine-tuned from the one the maps were fitted on, so fills may be less accurate"
     ]
 
-
-def __getattr__(name: str) -> Any:
-    # The writer functions are documented next to the fingerprints they embed; they live in .writer
-    # (which imports this module), so they are re-exported lazily to avoid an import cycle.
-    if name in ("write_maps_folder", "identity_maps_folder", "refingerprint_maps_folder"):
-        from . import writer
-
-        return getattr(writer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..vocabulary import DEFAULT_ARM, DEFAULT_CACHE_MODE, DEFAULT_TAIL
-from ..request_params import RequestParamError, parse_request_params, refuse_diagnostics
+from ..request_schema import RequestParamError, parse_request_params, refuse_diagnostics
 from .plan import RequestPlan
 
 NOFILL_UNDER_PD = (

@@ -1,4 +1,4 @@
-"""Corrections of the filled cache applied during the second sweep (SPEC.md, "Corrections").
+"""Corrections of the filled cache applied during the second sweep.
 
 Value rescale: in each upper layer, the first ``c`` tail rows pass through the layer's V projection twice,
 with their exact input and with the fill's prediction from their own split state; per KV head the mean

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..request_schema import namespace_fields
+from ..request_schema import REQUEST_KEYS, namespace_fields
 from ..vocabulary import DEFAULT_CACHE_MODE
 
 
@@ -55,3 +56,28 @@ class RequestPlan:
         parts = [f"maps={self.maps_id}", f"policy={getattr(self.policy, 'identity', '')}"]
         parts += [f"{name}={getattr(self, name)}" for name in namespace_fields()]
         return "rf:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+_NOT_CARRIED = ("enabled", "policy")  # decides whether a plan exists; compiled into ``RequestPlan.policy``
+
+
+def check_carried_keys(keys=REQUEST_KEYS, plan: type = RequestPlan) -> None:
+    """Every request key but :data:`_NOT_CARRIED` is a field of ``plan`` with the key's default (where both
+    have one), and every namespace key is among them: run at import, since a key added to the schema without
+    its plan field would otherwise be dropped from plans and namespaces silently."""
+    fields = {f.name: f for f in dataclasses.fields(plan)}
+    for key in keys:
+        if key.name in _NOT_CARRIED:
+            continue
+        if key.name not in fields:
+            raise AssertionError(f"request key {key.name!r} has no {plan.__name__} field")
+        default = fields[key.name].default
+        if key.default is not None and default is not dataclasses.MISSING and default != key.default:
+            raise AssertionError(f"request key {key.name!r} defaults to {key.default!r}, its {plan.__name__} "
+                                 f"field to {default!r}")
+    missing = set(namespace_fields()) - set(fields)
+    if missing:
+        raise AssertionError(f"namespace key(s) {', '.join(sorted(missing))} are not {plan.__name__} fields")
+
+
+check_carried_keys()

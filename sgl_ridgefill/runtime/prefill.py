@@ -308,7 +308,7 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, 
 
 
 def run_probe(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, rows: int, slots: torch.Tensor) -> torch.Tensor:
-    """The probe (SPEC.md): the last ``rows`` prompt rows run the exact upper layers over the filled cache,
+    """The probe: the last ``rows`` prompt rows run the exact upper layers over the filled cache,
     before the rest of the tail exists there; returns the attention every prefix row receives from them,
     summed over heads, probe rows and upper layers: ``[B]`` float32 on the device. The probe rows' upper-layer
     K/V are rewritten when the tail runs. ``slots``: ``[N]`` the request's pool slots."""

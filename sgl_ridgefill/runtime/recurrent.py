@@ -1,7 +1,7 @@
 """The upper Gated DeltaNet (GDN) layers of a hybrid model under RidgeFill: one recurrent state per layer and
 request, advanced in position order.
 
-The paper has no separate fill for GDN layers (SPEC.md): the map predicts every upper layer's *input*, and a
+The method has no separate fill for GDN layers: the map predicts every upper layer's *input*, and a
 filled row runs the GDN layer's own norm, input projections, short conv and gated delta-rule update on
 ``x̂_l``, so its error folds into the state the tail inherits; its ``z`` projection, output norm, output
 projection and MLP are skipped (on the CPU the stand-in delta rule does not even compute the outputs of

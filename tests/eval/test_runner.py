@@ -10,7 +10,7 @@ from sgl_ridgefill.eval import arms as A
 from sgl_ridgefill.eval.documents import calibration_ids
 from sgl_ridgefill.eval.runner import ResultStore, stable_seed
 from sgl_ridgefill.policy import MapsInfo, ModelInfo, compile_policy, parse_policy
-from sgl_ridgefill.request_params import parse_request_params
+from sgl_ridgefill.request_schema import parse_request_params
 
 QWEN = {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
         "intermediate_size": 4864, "vocab_size": 151936}

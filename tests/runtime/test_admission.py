@@ -7,7 +7,7 @@ import pytest
 
 from sgl_ridgefill.config import ServerConfig
 from sgl_ridgefill.policy import MapsInfo, ModelInfo, compile_policy, parse_policy
-from sgl_ridgefill.request_params import RequestParamError
+from sgl_ridgefill.request_schema import RequestParamError
 from sgl_ridgefill.runtime.admission import Admitter, RequestFacts, ServerFacts
 
 MODEL = ModelInfo(num_layers=24, attention_layers=tuple(range(24)), recurrent_layers=(), has_qk_norm=False)

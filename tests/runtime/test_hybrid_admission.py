@@ -10,7 +10,7 @@ import torch
 
 from sgl_ridgefill.config import ServerConfig
 from sgl_ridgefill.policy import MapsInfo, ModelInfo, compile_policy, parse_policy
-from sgl_ridgefill.request_params import RequestParamError
+from sgl_ridgefill.request_schema import RequestParamError
 from sgl_ridgefill.runtime.admission import Admitter, RequestFacts, ServerFacts
 from sgl_ridgefill.runtime.recurrent import GateSums
 from tests.support.reference import HybridReference
