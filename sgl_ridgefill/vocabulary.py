@@ -1,5 +1,5 @@
 """The words every layer of sgl-ridgefill shares, declared once: arms, cache modes, the default tail, splices,
-and the order the disaggregation descriptor writes arms in.
+the order the disaggregation descriptor writes arms in, and how calibration forms its statistics' products.
 
 Imported by the request schema, the server settings, the policy compiler, the plan and the descriptor; it
 imports nothing of the project, so anything may import it.
@@ -14,6 +14,8 @@ DEFAULT_CACHE_MODE = "no_insert"
 DEFAULT_TAIL = 1024  # rows at the end of the prompt that run exactly when nothing else says
 MAP_RESIDENCES = ("device", "host")  # where the maps live while serving (host: streamed to the device per layer)
 SPLICES = ("keys", "values", "both", "key_norm")  # the splice diagnostic's parts of the exact model
+# How calibration multiplies each forward piece into its float64 totals; a name starts with its torch dtype.
+ACCUMULATIONS = ("float64", "float32-blocks")
 # The disaggregation descriptor encodes an arm as its index here: a wire format, never reordered.
 ARM_WIRE_ORDER = ("exact", "ridgefill", "identity", "nofill")
 

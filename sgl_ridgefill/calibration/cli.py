@@ -21,6 +21,7 @@ import pathlib
 import sys
 
 from sgl_ridgefill.cpu.dtype import CHOICES as DTYPE_CHOICES
+from sgl_ridgefill.vocabulary import ACCUMULATIONS
 
 
 def _lambda(text: str) -> float | None:
@@ -129,7 +130,14 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     terminal.add_argument("--offsets", default=None, help="file name in the maps folder (default terminal_state.safetensors)")
     terminal.add_argument("--dtype", choices=("bfloat16", "float32"), default="float32", help="model dtype")
     terminal.add_argument("--seed", type=int, default=0, help="document order")
+    _device_option(terminal)
     terminal.set_defaults(func=_terminal_state)
+
+
+def _device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where the model runs (default auto: CUDA when present; cuda with several GPUs spreads "
+                        "a model too large for one over all of them)")
 
 
 def _pass_options(parser: argparse.ArgumentParser) -> None:
@@ -145,9 +153,10 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="model dtype for the pass (default auto: bfloat16 where this CPU has native bfloat16 "
                         "matmuls, float32 elsewhere; the maps serve the model in either dtype)")
-    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
-                        help="where the pass runs (default auto: CUDA when present; cuda with several GPUs spreads "
-                        "a model too large for one over all of them)")
+    _device_option(parser)
+    parser.add_argument("--accumulate", choices=("auto", *ACCUMULATIONS), default="auto",
+                        help="how the statistics' products are formed, into float64 totals either way (default auto: "
+                        "float64; float32-blocks multiplies each forward piece in float32, for GPUs slow at float64)")
     parser.add_argument("--seed", type=int, default=0, help="document order and held-out choice")
     parser.add_argument("--checkpoint-seconds", type=float, default=120.0, help="save statistics this often (resume point)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -181,7 +190,8 @@ def _config(args: argparse.Namespace, *, out_dir: pathlib.Path | None, kinds: tu
         max_tokens=args.max_tokens, doc_tokens=args.doc_tokens, max_doc_pieces=args.max_doc_pieces,
         min_doc_tokens=args.min_doc_tokens,
         heldout_docs=args.heldout_docs, stats_dir=args.stats,
-        force=args.force, seed=args.seed, dtype=args.dtype, device=args.device, checkpoint_seconds=args.checkpoint_seconds,
+        force=args.force, seed=args.seed, dtype=args.dtype, device=args.device, accumulate=args.accumulate,
+        checkpoint_seconds=args.checkpoint_seconds,
         progress=not args.no_progress, kinds=kinds, **fit,
     )
 
@@ -252,7 +262,7 @@ def _terminal_state(args: argparse.Namespace) -> int:
         path = calibrate_terminal_state(
             args.maps, args.model, args.corpus, split=args.split, arm=args.arm, prompts=args.prompts,
             interval=args.interval, prompt_tokens=args.prompt_tokens, name=args.offsets, dtype=args.dtype,
-            seed=args.seed,
+            seed=args.seed, device=args.device,
         )
     except ValueError as exc:  # CalibrationError, MapsError, ModelFetchError
         return _fail(str(exc))

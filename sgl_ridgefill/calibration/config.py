@@ -8,6 +8,7 @@ import pathlib
 from sgl_ridgefill.cpu.dtype import CHOICES as DTYPES
 from sgl_ridgefill.maps.format import QUANTS
 from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS
+from sgl_ridgefill.vocabulary import ACCUMULATIONS
 
 # Scale-free ridge penalties tried on held-out documents (the seeds chose 0.03, 0.01 and 0.003).
 LAMBDA_GRID: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
@@ -37,7 +38,8 @@ class CalibrationConfig:
     choose ``lam`` and score the maps; ``checkpoint_seconds``: how often statistics are saved for resume;
     ``dtype``: the model's dtype for the pass, ``"auto"`` for this CPU's (:mod:`sgl_ridgefill.cpu.dtype`:
     bfloat16 where its matmuls run natively, float32 elsewhere; on a GPU, bfloat16); ``device``: where the
-    pass runs (:mod:`.device`: ``auto`` is CUDA when present).
+    pass runs (:mod:`.device`: ``auto`` is CUDA when present); ``accumulate``: how the statistics' products
+    are formed (:data:`sgl_ridgefill.vocabulary.ACCUMULATIONS`, ``auto``: :func:`.stats.choose_accumulation`).
     """
 
     model: str
@@ -57,6 +59,7 @@ class CalibrationConfig:
     seed: int = 0
     dtype: str = "auto"
     device: str = "auto"
+    accumulate: str = "auto"
     checkpoint_seconds: float = 120.0
     progress: bool = True
     # Map kinds (maps/kinds.py) whose statistics the pass accumulates; `calibrate` fits the first.
@@ -107,6 +110,8 @@ class CalibrationConfig:
             raise CalibrationError(f"--quant must be one of {', '.join(QUANTS)}, got {self.quant!r}")
         if self.dtype not in DTYPES:
             raise CalibrationError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.accumulate != "auto" and self.accumulate not in ACCUMULATIONS:
+            raise CalibrationError(f"--accumulate must be auto or one of {', '.join(ACCUMULATIONS)}, got {self.accumulate!r}")
 
     @property
     def resolved_stats_dir(self) -> pathlib.Path:

@@ -28,7 +28,7 @@ from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS, map_kind
 
 from .config import CalibrationConfig, CalibrationError
 from .solve import SplitFit, fit_split
-from .stats import StatsState, load_stats, stats_exist
+from .stats import LEGACY_ACCUMULATION, StatsState, choose_accumulation, load_stats, stats_exist
 
 Log = Callable[[str], None]
 
@@ -53,6 +53,7 @@ def peak_memory_mib() -> float:
 def _comparable(run: dict[str, Any], *, layers: bool = True) -> dict[str, Any]:
     # The model folder may move (e.g. another cache dir); the fingerprints say whether it is the same model.
     out = {k: v for k, v in json.loads(json.dumps(run)).items() if k != "model_dir"}
+    out.setdefault("accumulate", LEGACY_ACCUMULATION)  # statistics from before the choice: float64 products
     if not layers:
         out["model"] = {k: v for k, v in out["model"].items() if k != "layers"}
     return out
@@ -145,8 +146,10 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
     dtype = choose_dtype(config.dtype)  # said first, once the inputs are known to be valid
     if placement.stats_device.type == "cuda" and not dtype.chosen_by_user:
         dtype = DtypeChoice("bfloat16", "a CUDA device runs bfloat16 natively")
+    accumulate, why = choose_accumulation(config.accumulate, placement.stats_device)
     log(dtype.line())
     log(placement.line())
+    log(f"accumulation: {accumulate} ({why})")
     log(f"loading {model_dir} ({hf_config['architectures'][0]}, {num_layers} layers) in {dtype.dtype}")
     model, tokenizer, hf_config = load_model(model_dir, dtype.dtype, placement.device_map)
     d = int(hf_config["hidden_size"])
@@ -173,6 +176,7 @@ def collect_stats(config: CalibrationConfig, *, log: Log = _stderr) -> tuple[Sta
         "heldout_docs": config.heldout_docs,
         "seed": config.seed,
         "dtype": dtype.dtype,
+        "accumulate": accumulate,  # a pass resumes only with the products it started with
     }
     stats_dir = config.resolved_stats_dir
     state = _open_state(stats_dir, run, config.force, log)

@@ -198,7 +198,8 @@ def split_layer_exact(
     return A, b
 
 
-def _scores(heldout: SplitStats, A: torch.Tensor, b: torch.Tensor, kind: MapKind) -> tuple[float, ...]:
+def kind_r2(heldout: SplitStats, A: torch.Tensor, b: torch.Tensor, kind: MapKind) -> tuple[float, ...]:
+    """Held-out R^2 per upper layer of maps ``(A, b)`` of ``kind``, as calibration reports it."""
     r2 = r2_scores(heldout, A, b)
     if kind.target == "u":
         # Layer S's identity map, served through the layer's scale-free norm, is u_S exactly, identity fill's
@@ -229,16 +230,16 @@ def fit_split(
     if has_heldout and lam is None:
         for candidate in grid:
             A, b, _ = ridge_maps(train, candidate)
-            scores[candidate] = _mean(_scores(heldout, *split_layer_exact(A, b, exact), kind_))
+            scores[candidate] = _mean(kind_r2(heldout, *split_layer_exact(A, b, exact), kind_))
         lam = max(scores, key=lambda k: (scores[k], k))
     A, b, alpha = ridge_maps(train, lam)
     A, b = split_layer_exact(A, b, exact)
     r2 = r2_identity = r2_all = r2_identity_all = None
     if has_heldout:
-        r2, r2_identity = _scores(heldout, A, b, kind_), identity_r2(heldout)
+        r2, r2_identity = kind_r2(heldout, A, b, kind_), identity_r2(heldout)
         scores.setdefault(lam, _mean(r2))
         if heldout_all is not None and heldout_all.rows > 0:
-            r2_all, r2_identity_all = _scores(heldout_all, A, b, kind_), identity_r2(heldout_all)
+            r2_all, r2_identity_all = kind_r2(heldout_all, A, b, kind_), identity_r2(heldout_all)
     if r2 is not None and any(math.isnan(v) for v in r2):
         raise CalibrationError(f"split {train.split}: held-out scores are NaN (held-out states are constant?)")
     return SplitFit(train.split, float(lam), alpha, A, b, r2, r2_identity, dict(sorted(scores.items())), chosen,

@@ -15,6 +15,7 @@ boundary, so re-running after an interruption resumes where the last checkpoint 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable
@@ -26,7 +27,7 @@ from sgl_ridgefill.maps.kinds import map_kind
 from .capture import capture_layer_inputs
 from .config import CalibrationConfig, CalibrationError
 from .corpus import Corpus, Document, Mixer, iter_pieces, pick_heldout
-from .stats import StatsState
+from .stats import LEGACY_ACCUMULATION, StatsState, accumulation_dtype
 from .targets import Accumulator, kv_projections
 
 
@@ -75,6 +76,20 @@ def _progress_bar(enabled: bool, **kwargs: Any):
     return tqdm(disable=not enabled, unit="tok", unit_scale=True, dynamic_ncols=True, mininterval=interval, **kwargs)
 
 
+@contextlib.contextmanager
+def _float32_as_float32(device: torch.device | str):
+    """Float32 products that are float32 on CUDA, not TF32 (which a process may have allowed)."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def run_pass(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -88,6 +103,11 @@ def run_pass(
 ) -> PassTiming:
     """Accumulate statistics into ``state`` (resuming from its progress) on ``device``; calls ``save`` at
     checkpoints (which writes from host memory)."""
+    with _float32_as_float32(device):
+        return _run_pass(model, tokenizer, corpus, state, config, save=save, log=log, device=device)
+
+
+def _run_pass(model, tokenizer, corpus, state, config, *, save, log, device) -> PassTiming:
     state.to(device)
     progress = state.progress
     splits, kinds = tuple(sorted(state.splits)), state.kinds
@@ -96,7 +116,8 @@ def run_pass(
     projections = kv_projections(model, layers) if any(map_kind(k).predicts_kv for k in kinds) else {}
     for split in splits if projections else ():
         state.exact_kv.setdefault(split, projections[split].exact_map())
-    accumulator = Accumulator(kinds, projections, state.run["sink"])
+    accumulate = state.run.get("accumulate", LEGACY_ACCUMULATION)
+    accumulator = Accumulator(kinds, projections, state.run["sink"], accumulation_dtype(accumulate))
     vocab = state.token_counts.numel()
     tokens = _Tokens(tokenizer)
     timing = PassTiming()

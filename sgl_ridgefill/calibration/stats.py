@@ -12,6 +12,12 @@ determine the ridge solve (after centering), the squared error of any affine map
 and that of identity fill, so held-out scoring needs no stored states either. Raw sums are kept in float64
 and centered only at solve time; float64 absorbs the cancellation from the residual stream's large means.
 
+How each piece's products are formed is the pass's *accumulation* (:data:`ACCUMULATIONS`): ``float64``
+multiplies in float64; ``float32-blocks`` multiplies one forward piece (a block of at most ``doc_tokens``
+rows) in float32 and adds the block's sums into the same float64 totals, for GPUs whose float64 rate is a
+small fraction of their float32 rate. ``python -m sgl_ridgefill.calibration.precision`` measures what the
+second costs in held-out R^2 and in the maps (:func:`choose_accumulation` says what ``auto`` picks).
+
 The store is one safetensors file (statistics of every split and kind: training rows, held-out normal
 rows and held-out rows with the sinks; token counts) whose metadata carries the run's identity and
 progress. It is replaced atomically, so an interrupted run resumes from the last checkpoint at a document
@@ -31,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sgl_ridgefill.maps.kinds import map_kind
+from sgl_ridgefill.vocabulary import ACCUMULATIONS
 
 from .config import CalibrationError
 
@@ -38,6 +45,31 @@ STATS_FILE = "stats.safetensors"
 STATS_FORMAT = "sgl-ridgefill-stats"
 STATS_VERSION = 2  # 2: per map kind, sinks left out, held-out kept with and without them, identity sums
 _FIELDS = ("count", "sum_x", "sum_y", "xtx", "xty", "yy", "py", "pp")
+LEGACY_ACCUMULATION = "float64"  # what statistics written before the choice existed used
+# What ``auto`` picks on a CUDA device, and why: the measurement ``calibration/precision.py`` makes
+# (docs/precision/avx2-float32): float32 block products moved the maps of Qwen2.5-Coder-0.5B by at most
+# 1.8e-5 (relative; bfloat16 storage rounds by up to 3.9e-3) and their held-out R^2 by at most 2.1e-5, while a
+# GPU without fast float64 (most but the data-centre parts) multiplies float32 tens of times faster.
+CUDA_ACCUMULATION = "float32-blocks"
+CUDA_ACCUMULATION_REASON = ("float32 products per piece on CUDA: measured within 2.1e-5 of float64's held-out R^2 "
+                            "and 1.8e-5 of its maps; --accumulate float64 for float64 products")
+
+
+def accumulation_dtype(name: str) -> torch.dtype:
+    """The dtype ``name`` (one of :data:`ACCUMULATIONS`) multiplies in."""
+    return getattr(torch, name.partition("-")[0])
+
+
+def choose_accumulation(requested: str, device: torch.device | str) -> tuple[str, str]:
+    """``(accumulation, why)`` for ``--accumulate requested`` on ``device``: ``auto`` is float64 on the CPU
+    (what calibration has always done) and :data:`CUDA_ACCUMULATION` on CUDA."""
+    if requested != "auto":
+        if requested not in ACCUMULATIONS:
+            raise CalibrationError(f"--accumulate must be auto or one of {', '.join(ACCUMULATIONS)}, got {requested!r}")
+        return requested, "chosen with --accumulate"
+    if torch.device(device).type == "cuda":
+        return CUDA_ACCUMULATION, CUDA_ACCUMULATION_REASON
+    return "float64", "float64 products on the CPU"
 SIDES = ("train", "heldout", "heldout_all")  # training rows and held-out rows without sinks; held-out rows, all
 
 
@@ -72,17 +104,18 @@ class SplitStats:
         return int(self.count.item())
 
     def add_features(self, z: torch.Tensor) -> None:
-        """Accumulate the features of some rows (``z``: ``[n, d_in]`` float64); their targets follow, layer by
-        layer, through :meth:`add_layer` with the same rows."""
+        """Accumulate the features of some rows (``z``: ``[n, d_in]``, float64, or float32 for a block whose
+        products are formed in float32); their targets follow, layer by layer, through :meth:`add_layer`
+        with the same rows and dtype."""
         self.count += z.shape[0]
         self.sum_x += z.sum(0)
-        self.xtx.addmm_(z.T, z)
+        _add_product(self.xtx, z.T, z)
 
     def add_layer(self, index: int, z: torch.Tensor, y: torch.Tensor, p: torch.Tensor) -> None:
         """Accumulate upper layer ``split + index``: ``z`` ``[n, d_in]`` features, ``y`` ``[n, d_out]`` targets,
-        ``p`` ``[n, d_out]`` identity fill's predictions of them, all float64."""
+        ``p`` ``[n, d_out]`` identity fill's predictions of them, all in the dtype of :meth:`add_features`."""
         self.sum_y[index] += y.sum(0)
-        self.xty[index].addmm_(z.T, y)
+        _add_product(self.xty[index], z.T, y)
         self.yy[index] += torch.dot(y.reshape(-1), y.reshape(-1))
         self.py[index] += torch.dot(p.reshape(-1), y.reshape(-1))
         self.pp[index] += torch.dot(p.reshape(-1), p.reshape(-1))
@@ -107,6 +140,14 @@ class SplitStats:
         values = {name: tensors[f"{prefix}.{name}"] for name in _FIELDS}
         values["count"] = values["count"].reshape(())
         return cls(split, num_layers, **values)
+
+
+def _add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``total += a @ b``: in place in float64, or as one float32 block product added to the float64 total."""
+    if a.dtype == total.dtype:
+        total.addmm_(a, b)
+    else:
+        total += a @ b
 
 
 Key = tuple[int, str]  # (split, map kind)

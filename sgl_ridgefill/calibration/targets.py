@@ -12,7 +12,8 @@ model's dtype) give, for split ``S`` and each kind (``maps/kinds.py``):
 
 Sink rows (:func:`~sgl_ridgefill.maps.kinds.sink_rows` on ``x_S``) are served exactly, so they are left out
 of the training statistics and of the held-out statistics of normal rows; the held-out statistics of all
-rows keep them. Everything is accumulated in float64, one upper layer at a time.
+rows keep them. Everything is accumulated one upper layer at a time into float64 totals, from products
+formed in the pass's accumulation dtype (``stats.ACCUMULATIONS``: float64, or float32 per piece).
 """
 
 from __future__ import annotations
@@ -87,12 +88,15 @@ class Accumulator:
     """Adds forward pieces to the statistics of every ``(split, kind)`` of a run.
 
     ``kinds``: map kind names; ``projections``: per upper layer (and split layer) its :class:`KVProjection`,
-    needed only by ``kv`` kinds; ``sink``: the rule of :func:`sink_rows` (``first_rows``, ``norm_ratio``)."""
+    needed only by ``kv`` kinds; ``sink``: the rule of :func:`sink_rows` (``first_rows``, ``norm_ratio``);
+    ``dtype``: what the features and targets are cast to before their products (float64 or float32)."""
 
-    def __init__(self, kinds: Sequence[str], projections: Mapping[int, KVProjection], sink: Mapping[str, Any]):
+    def __init__(self, kinds: Sequence[str], projections: Mapping[int, KVProjection], sink: Mapping[str, Any],
+                 dtype: torch.dtype = torch.float64):
         self.kinds: tuple[MapKind, ...] = tuple(map_kind(k) for k in kinds)
         self.projections = projections
         self.sink = dict(sink)
+        self.dtype = dtype
 
     def add(
         self,
@@ -127,18 +131,17 @@ class Accumulator:
                     every[kind.name].add_layer(index, z_all[kind.name], y, p)
         return int(n - keep.sum())
 
-    @staticmethod
-    def features(kind: MapKind, x_split: torch.Tensor) -> torch.Tensor:
-        """``z``: ``[n, d_in]`` float64 of one piece's split states (a fresh context: the piece starts at 0)."""
+    def features(self, kind: MapKind, x_split: torch.Tensor) -> torch.Tensor:
+        """``z``: ``[n, d_in]`` of one piece's split states (a fresh context: the piece starts at 0)."""
         if kind.features == "x":
-            return x_split.double()
+            return x_split.to(self.dtype)
         z, _ = features(kind, x_split.float())
-        return z.double()
+        return z.to(self.dtype)
 
     def target(self, kind: MapKind, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """``y``: ``[n, d_out]`` float64, what ``kind`` predicts at ``layer`` when its input is ``x`` ``[n, d]``."""
+        """``y``: ``[n, d_out]``, what ``kind`` predicts at ``layer`` when its input is ``x`` ``[n, d]``."""
         if kind.target == "x":
-            return x.double()
+            return x.to(self.dtype)
         if kind.target == "u":
-            return rms_normalise(x.float()).double()
-        return self.projections[layer](x).double()
+            return rms_normalise(x.float()).to(self.dtype)
+        return self.projections[layer](x).to(self.dtype)

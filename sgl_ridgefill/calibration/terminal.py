@@ -42,32 +42,33 @@ def state_snapshots(model: torch.nn.Module, layer_id: int, x_in: torch.Tensor, a
     """The recurrent state of GDN layer ``layer_id`` after rows ``[0, t)`` for each ``t`` in ``at`` (ascending,
     ``<= rows``), from an empty state, for rows whose layer inputs are ``x_in`` (``[rows, d]``).
 
-    Returns ``[len(at), HV, V, K]`` float32."""
+    Returns ``[len(at), HV, V, K]`` float32 in host memory; the recurrence runs on the layer's device."""
     layer = decoder_layers(model)[layer_id]
     mix = layer.linear_attn
-    x = x_in.to(next(model.parameters()).dtype)
+    x = x_in.to(layer.input_layernorm.weight.device, layer.input_layernorm.weight.dtype)
     h = layer.input_layernorm(x[None])[0]
     mixed, _, b, a = (t.float() for t in hf_projections(mix, h))
-    rows = mixed.shape[0]
+    rows, device = mixed.shape[0], mixed.device  # the layer's device (a spread model: any of them)
     weight = mix.conv1d.weight.reshape(mix.conv_dim, -1).float()
     bias = None if mix.conv1d.bias is None else mix.conv1d.bias.float()
-    window = torch.zeros(1, mix.conv_dim, weight.shape[1] - 1)
-    conv = gdn_ops.causal_conv1d_fn(mixed.T.contiguous(), weight, bias, window, torch.tensor([0, rows]),
-                                    torch.tensor([0]), torch.tensor([False]), "silu").T
+    window = torch.zeros(1, mix.conv_dim, weight.shape[1] - 1, device=device)
+    index = lambda *values: torch.tensor(values, device=device)  # noqa: E731
+    conv = gdn_ops.causal_conv1d_fn(mixed.T.contiguous(), weight, bias, window, index(0, rows),
+                                    index(0), index(False), "silu").T
     q, k, v = conv.split([mix.key_dim, mix.key_dim, mix.value_dim], dim=-1)
     q = q.reshape(1, rows, -1, mix.head_k_dim)
     k = k.reshape(1, rows, -1, mix.head_k_dim)
     v = v.reshape(1, rows, -1, mix.head_v_dim)
     g, beta = gdn_ops.fused_gdn_gating(mix.A_log, a, b, mix.dt_bias)
-    pool = torch.zeros(1, mix.num_v_heads, mix.head_v_dim, mix.head_k_dim)
+    pool = torch.zeros(1, mix.num_v_heads, mix.head_v_dim, mix.head_k_dim, device=device)
     out, prev = [], 0
     for t in at:
         if t > prev:
             gdn_ops.chunk_gated_delta_rule(q[:, prev:t], k[:, prev:t], v[:, prev:t], g[:, prev:t], beta[:, prev:t],
-                                           pool, torch.tensor([0, t - prev]), initial_state_indices=torch.tensor([0]))
+                                           pool, index(0, t - prev), initial_state_indices=index(0))
         out.append(pool[0].clone())
         prev = t
-    return torch.stack(out)
+    return torch.stack(out).cpu()
 
 
 @dataclasses.dataclass
@@ -96,7 +97,11 @@ def measure_offsets(model: torch.nn.Module, maps: tuple[torch.Tensor, torch.Tens
         xs = capture_layer_inputs(model, torch.tensor(ids, dtype=torch.long), [split, *layers])
         x_split = xs[split].float()
         for l in layers:
-            x_hat = x_split if maps is None else x_split @ maps[0][l - split].float().T + maps[1][l - split].float()
+            if maps is None:
+                x_hat = x_split
+            else:
+                a, b = (m[l - split].to(x_split.device, torch.float32) for m in maps)
+                x_hat = x_split @ a.T + b
             diff = (state_snapshots(model, l, xs[l].float(), at) - state_snapshots(model, l, x_hat, at)).sum(0)
             sums[l] = diff if sums[l] is None else sums[l] + diff
         count += len(at)
@@ -135,14 +140,16 @@ def _prompts(corpus_spec: str, tokenizer: Any, manifest: dict, *, count: int, in
 def calibrate_terminal_state(maps_dir: pathlib.Path, model_spec: str, corpus: str, *, split: int | None = None,
                              arm: str = "ridgefill", prompts: int = DEFAULT_PROMPTS, interval: int = DEFAULT_INTERVAL,
                              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, name: str | None = None,
-                             dtype: str = "float32", seed: int = 0, log=_log) -> pathlib.Path:
+                             dtype: str = "float32", seed: int = 0, device: str = "auto", log=_log) -> pathlib.Path:
     """Measure ``ΔM`` for ``split`` (default: the folder's default split) and ``arm`` and store it in the maps
-    folder (``maps/terminal.py``); returns the offsets file."""
+    folder (``maps/terminal.py``); returns the offsets file. ``device``: where the model runs (``--device``,
+    :func:`.device.place`)."""
     from sgl_ridgefill.maps import load_maps
     from sgl_ridgefill.maps.terminal import DEFAULT_FILE, write_terminal_offsets
     from sgl_ridgefill.models import resolve_model
 
     from .capture import load_model
+    from .device import place
     from .pipeline import _hf_fingerprint
 
     if arm not in ("ridgefill", "identity"):
@@ -152,7 +159,9 @@ def calibrate_terminal_state(maps_dir: pathlib.Path, model_spec: str, corpus: st
     folder = load_maps(maps_dir)
     split = folder.default_split if split is None else split
     model_dir = resolve_model(model_spec)
-    model, tokenizer, hf_config = load_model(model_dir, dtype)
+    placement = place(device)
+    log(placement.line())
+    model, tokenizer, hf_config = load_model(model_dir, dtype, placement.device_map)
     problems = folder.check_model(_hf_fingerprint(model, hf_config))
     for problem in problems:
         log(f"maps folder {maps_dir}: {problem}")
@@ -170,6 +179,7 @@ def calibrate_terminal_state(maps_dir: pathlib.Path, model_spec: str, corpus: st
         "maps_files": {k: v for k, v in folder.manifest["files"].items() if k.startswith("maps-split")},
         "model_dir": str(pathlib.Path(model_dir).resolve()),
         "dtype": dtype,
+        "device": str(placement.stats_device),
         "seed": seed,
         "kept_apart": "documents outside the maps' calibration (read_ids) and held-out set (heldout_ids)",
     }

@@ -21,7 +21,8 @@ from .sgl_files import DEFAULT_DIR, SglFilesMissing, copy_sgl_files
 
 TIERS = ("kernels", "server", "host")
 # In order of what the numbers decide: map backend, scattered-row cost, planning overhead, the fill.
-KERNEL_STEPS = ("maps", "row_attention", "planner", "host_path", "fill", "maps_int8", "attention_stats")
+KERNEL_STEPS = ("maps", "row_attention", "planner", "host_path", "fill", "maps_int8", "attention_stats",
+                "map_stream", "calibration")
 DEFAULT_BUDGET_S = 420.0
 
 
@@ -128,7 +129,7 @@ def run_kernels(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here: the kernels tier skips itself (--device cpu runs its CPU smoke mode)")
         return 0
-    from . import kernel_steps, row_attention
+    from . import calibration_step, kernel_steps, map_stream, row_attention
     from .check import GPU, SMOKE, Context, run_step
 
     device = torch.device(args.device)
@@ -139,7 +140,8 @@ def run_kernels(args: argparse.Namespace) -> int:
     steps = {"maps": kernel_steps.maps, "maps_int8": kernel_steps.maps_int8,
              "attention_stats": kernel_steps.attention_stats, "fill": kernel_steps.fill,
              "planner": kernel_steps.planner, "host_path": kernel_steps.host_path,
-             "row_attention": row_attention.row_attention}
+             "row_attention": row_attention.row_attention, "map_stream": map_stream.step,
+             "calibration": calibration_step.calibration}
     path = out.output_path(args.out)
     report: dict[str, Any] = {
         "tier": "kernels", "command": sys.argv, "environment": _environment(device), "dtype": str(dtype),

@@ -409,7 +409,8 @@ def census_section(census: dict) -> list[str]:
     ]
 
 
-def markdown(records: list[dict], command: str, machine: dict, census: dict | None = None) -> str:
+def markdown(records: list[dict], command: str, machine: dict, census: dict | None = None,
+             stream: list[dict] | None = None) -> str:
     lines = [
         "# GPU estimates: RidgeFill's host path and padded attention at production shapes",
         "",
@@ -437,6 +438,10 @@ def markdown(records: list[dict], command: str, machine: dict, census: dict | No
     ]
     for r in records:
         lines.append("| " + " | ".join(_fmt(r[k], f) for k, _, f in COLUMNS) + " |")
+    if stream:
+        from .map_stream import markdown as stream_markdown
+
+        lines += stream_markdown(stream)
     if census is not None:
         lines += census_section(census)
     return "\n".join(lines) + "\n"
@@ -473,15 +478,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case.shape} N={case.length} T={case.tail} {case.selection:<22} {case.backend:<10} "
               f"host {r['host_ms']:6.2f} ms  exec/useful {r['executed_over_useful']:.3f}  "
               f"{r['bound_fraction']:.1%} of bound  speedup {r['projected_speedup']:.2f}", flush=True)
+    from . import map_stream
+
+    stream = map_stream.records(shapes, lengths)
     command = "python -m sgl_ridgefill.gpu_check.estimates " + " ".join(argv if argv is not None else sys.argv[1:])
     info = machine()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_estimates.json").write_text(json.dumps(
         {"command": command.strip(), "machine": info, "gemm_tflops": GEMM_TFLOPS, "attention_tflops": ATTENTION_TFLOPS,
-         "launch_us": LAUNCH_US, "chunk_rows": CHUNK_ROWS, "records": records}, indent=1) + "\n")
+         "launch_us": LAUNCH_US, "chunk_rows": CHUNK_ROWS, "h2d_gbps": map_stream.H2D_GBPS, "records": records,
+         "map_stream": stream}, indent=1) + "\n")
     census_path = args.census or args.out / "host_census.json"
     census = json.loads(census_path.read_text()) if census_path.exists() else None
-    (args.out / "GPU_ESTIMATES.md").write_text(markdown(records, command.strip(), info, census))
+    (args.out / "GPU_ESTIMATES.md").write_text(markdown(records, command.strip(), info, census, stream))
     return 0
 
 

@@ -259,7 +259,7 @@ def test_context_features_start_fresh_with_every_piece(loaded):
     kind = map_kind("kv+context")
     first, second = _pieces([40, 33], 6)
     x = capture_layer_inputs(loaded, second, [SPLIT])[SPLIT]
-    z = Accumulator.features(kind, x)
+    z = Accumulator((kind.name,), {}, NO_SINKS).features(kind, x)
     torch.testing.assert_close(z, _features_by_hand(kind, x), rtol=1e-5, atol=1e-6)
     assert not z[0, D : 2 * D].any()  # no row before the first of a piece
     torch.testing.assert_close(z[0, 2 * D :], 0.1 * z[0, :D], rtol=1e-6, atol=1e-7)  # the running mean starts at 0

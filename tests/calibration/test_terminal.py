@@ -94,8 +94,14 @@ def test_calibrate_then_terminal_state(hybrid, text_corpus, tmp_path, capsys):
     read = set(folder.manifest["calibration"]["read_ids"])
     assert len(record["prompts"]) == 2 and not read & set(record["prompts"])
     assert record["interval"] == 64 and record["snapshots"] >= 2
+    assert record["device"] == "cpu" and "device: cpu (model and statistics)" in captured.err  # auto, no GPU here
     offsets = read_terminal_offsets(out)[(SPLIT, "ridgefill")]
     assert sorted(offsets) == [4, 5, 6] and offsets[4].shape == (4, 16, 16)
+    if not torch.cuda.is_available():
+        rc = _run(["calibrate", "terminal-state", "--maps", str(out), "--model", str(path), "--corpus",
+                   str(text_corpus), "--device", "cuda"])
+        err = capsys.readouterr().err
+        assert rc == 1 and "--device cuda: this machine has no CUDA device" in err, err
 
 
 def test_kv_kinds_are_refused_for_a_hybrid(hybrid, text_corpus, tmp_path, capsys):

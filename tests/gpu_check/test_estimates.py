@@ -66,3 +66,18 @@ def test_the_markdown_states_the_method_and_the_targets(record):
     assert "Every figure here is an **estimate**" in text
     assert "Against them (worst case of the table):" in text
     assert "| llama-3.1-8b | 16384 | 4096 | 10% pooled attention | fa3 |" in text
+
+
+def test_streamed_maps_estimate_counts_every_chunks_copies(monkeypatch):
+    from sgl_ridgefill.gpu_check import map_stream
+
+    r = map_stream.stream_record("llama-3.1-8b", "residual", 16384)
+    assert r["chunks_filled"] == 2 and r["upper_layers"] == 20  # prefix 12,288 rows: chunks of 8,192 and 4,096
+    assert r["map_mib"] == 32.01 and r["resident_mib"] == 640.2  # A [4096, 4096] and b in bfloat16
+    assert r["copy_ms"] == round(32 * 2**20 * (1 + 1 / 4096) / 50e9 * 1e3, 3)
+    assert not r["hidden"] and r["exposed_ms"] > 0  # a 32 MiB copy outlasts one layer's fill of 8,192 rows
+    monkeypatch.setattr(map_stream, "H2D_GBPS", 1e4)  # a copy far faster than the fill hides entirely
+    fast = map_stream.stream_record("llama-3.1-8b", "residual", 16384)
+    assert fast["hidden"] and fast["exposed_ms"] == 0.0
+    assert len(map_stream.records()) == len(map_stream.estimates.SHAPES) * 4 * len(map_stream.estimates.LENGTHS)
+    assert "## Maps streamed from host memory" in "\n".join(map_stream.markdown([r]))

@@ -64,6 +64,22 @@ def test_smoke_maps_compare_both_backends_and_record_the_runtime_choice(smoke) -
     assert all(r["ms"] > 0 and r["max_rel_err"] <= 2e-5 for r in timed)
 
 
+def test_smoke_map_stream_gives_the_resident_maps_fill(smoke) -> None:
+    (row,) = smoke[0]["steps"]["map_stream"]["rows"]
+    assert row["ok"] is True and row["layers"] == 4  # streamed through the runtime's StreamedMaps, K/V equal
+    assert row["copy_ms_per_layer"] > 0 and row["resident_ms"] > 0 and row["streamed_ms"] > 0
+
+
+def test_smoke_calibration_compares_the_device_accumulation_with_the_cpu(smoke) -> None:
+    from sgl_ridgefill.calibration.precision import MAP_TOLERANCE, R2_TOLERANCE
+    from sgl_ridgefill.calibration.stats import CUDA_ACCUMULATION
+
+    (row,) = smoke[0]["steps"]["calibration"]["rows"]
+    assert row["accumulate"] == CUDA_ACCUMULATION and row["train_rows"] > 0
+    assert row["r2_max_diff"] <= R2_TOLERANCE and row["map_rel_diff"] <= MAP_TOLERANCE and row["ok"] is True
+    assert 0 < row["mean_r2_cpu"] <= 1
+
+
 def test_smoke_planner_covers_every_backend(smoke) -> None:
     rows = smoke[0]["steps"]["planner"]["rows"]
     assert {r["backend"] for r in rows} == {"triton", "flashinfer", "fa3"}
