@@ -180,9 +180,18 @@ class RequestState:
             and (self.prefill_done or (self.exact_reason is not None and self.start >= 0))
         )
 
+    @property
+    def reused_filled(self) -> int:
+        """Filled rows this request took from the radix cache (namespace mode: cached rows not recorded exact)."""
+        if "cached_exact" not in self.stats:
+            return 0
+        return max(0, int(self.stats.get("cached", 0)) - int(self.stats["cached_exact"]))
+
     def summary(self) -> dict:
-        """What ran, for the response's ``meta_info["ridgefill"]``."""
-        if self.exact_reason is not None:
+        """What ran, for the response's ``meta_info["ridgefill"]``. A request that ran its own rows exactly over
+        filled rows from the cache answers from RidgeFill's KV all the same: ``"ran": true``, its reason kept
+        as ``note``."""
+        if self.exact_reason is not None and not self.reused_filled:
             out = {"ran": False, "reason": self.exact_reason}
             for key in ("cached", "cached_exact", "filled_before_failure", "deferred_rows_lost"):
                 if self.stats.get(key):
@@ -195,6 +204,9 @@ class RequestState:
         if plan.splice is not None:
             out["splice"] = plan.splice
         out.update(self.stats)
+        if self.exact_reason is not None:
+            out.setdefault("filled", 0)
+            out.update(reused_filled=self.reused_filled, note=self.exact_reason)
         return out
 
 

@@ -80,6 +80,8 @@ def test_namespace_mode_shares_filled_kv_only_among_ridgefill(server):
     assert first.json()["meta_info"]["ridgefill"]["streamed"]  # the bare fill's tail ran chunk by chunk
     summary = second.json()["meta_info"]["ridgefill"]
     assert summary["cached"] == 149 and summary["cached_exact"] == 149 - (150 - TAIL)
+    # its own rows ran exactly, over the filled rows of the first: a RidgeFill answer, and it says so
+    assert summary["ran"] is True and summary["reused_filled"] == 150 - TAIL and summary["filled"] == 0
     assert_top_close(_top(second), [tuple(t) for t in _top(first)["top"]], atol=1e-4)
     exact = _top(_generate(url, ids, {"enabled": False}))
     assert exact["cached"] == 0  # the exact request never sees the namespace
@@ -97,6 +99,7 @@ def test_a_new_question_on_a_cached_document_prefills_only_its_own_tokens(server
     second = _generate(url, second_ids, {})
     summary = second.json()["meta_info"]["ridgefill"]
     assert _top(second)["cached"] == 130 and summary["cached_exact"] == 130 - (140 - TAIL)
+    assert summary["ran"] is True and summary["reused_filled"] == 140 - TAIL
     assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL))
 
 

@@ -251,3 +251,28 @@ def test_a_streaming_plan_loses_no_tail_rows_to_a_failure():
     st.start, st.streams = 10, True
     st.fail("RidgeFill failed (ValueError: x)", chunk_start=96)
     assert st.stop_reason is None and "deferred_rows_lost" not in st.summary()
+
+
+def test_an_exact_run_over_filled_cached_rows_says_ridgefill_ran():
+    """Namespace mode: a request whose whole prefix the radix cache already holds runs its new rows exactly,
+    but over the filled rows an earlier request of its namespace left there, so its answer is RidgeFill's:
+    ``"ran": true``, with the filled rows it reused. Cached rows that are all exact leave an exact answer."""
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def after_hit(cached, cached_exact):
+        st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8, cache_mode="namespace"))
+        st.bind(torch.arange(100), None)
+        st.start = cached
+        st.run_exact("the radix cache already holds the whole prefix")
+        st.stats.update(cached=cached, cached_exact=cached_exact)
+        return st.summary()
+
+    reused = after_hit(95, 3)
+    assert reused["ran"] is True and reused["arm"] == "ridgefill" and reused["cache_mode"] == "namespace"
+    assert reused["cached"] == 95 and reused["cached_exact"] == 3 and reused["reused_filled"] == 92
+    assert reused["filled"] == 0 and reused["note"] == "the radix cache already holds the whole prefix"
+    assert after_hit(95, 95) == {"ran": False, "reason": "the radix cache already holds the whole prefix",
+                                 "cached": 95, "cached_exact": 95}
