@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from ..vocabulary import CACHE_MODES
+
 DEFAULT_CHUNK = 48
 DEFAULT_CONTEXT = 512
 DEFAULT_TAIL = 20
@@ -39,6 +41,12 @@ def add_subparser(subparsers) -> None:
                      help=f"--chunked-prefill-size of both servers (default {DEFAULT_CHUNK}: prompts span several)")
     src.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT,
                      help=f"--context-length of both servers (default {DEFAULT_CONTEXT}; longer prompts must be refused)")
+    src.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
+                     help="both servers' KV pool in tokens (default 16384; a small pool, e.g. 1536 with 16 clients, "
+                     "makes SGLang evict cached prefixes and, smaller still, retract running requests)")
+    src.add_argument("--cache-mode", choices=CACHE_MODES, default="no_insert",
+                     help="the RidgeFill server's --ridgefill-cache-mode (default no_insert; the soak's own policy "
+                     "and its namespace calls use namespace either way)")
     src.add_argument("--url", default=None, help="a running RidgeFill server (started with the flags the soak uses)")
     src.add_argument("--stock-url", default=None, help="a running stock server on the same model (needed with --url)")
     work = p.add_argument_group("workload")
@@ -63,6 +71,12 @@ def _check_args(args) -> None:
     for name in ("requests", "clients", "tail", "chunk", "context_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"sgl-ridgefill soak: --{name.replace('_', '-')} must be at least 1")
+    if args.max_total_tokens is not None and args.max_total_tokens < args.context_length:
+        raise SystemExit(f"sgl-ridgefill soak: --max-total-tokens {args.max_total_tokens} is below --context-length "
+                         f"{args.context_length}: the longest prompt would never fit")
+    if args.url and (args.max_total_tokens is not None or args.cache_mode != "no_insert"):
+        raise SystemExit("sgl-ridgefill soak: --max-total-tokens and --cache-mode configure the servers it starts; "
+                         "with --url, start yours with them")
     if args.fuzz < 0:
         raise SystemExit("sgl-ridgefill soak: --fuzz must be at least 0")
 
@@ -76,6 +90,7 @@ def environment(served, args) -> dict:
         "model": "tiny random-weight Llama (4 layers, hidden 128, float32)" if served.tiny else str(served.model),
         "model_path": str(served.model), "maps": str(served.maps), "split": served.split, "tail": served.tail,
         "chunked_prefill_size": args.chunk, "context_length": args.context_length,
+        "max_total_tokens": args.max_total_tokens, "cache_mode": args.cache_mode,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "server_threads": int(cpu_environment().get("OMP_NUM_THREADS", "0")),
         "client_threads": args.clients, "torch": torch.__version__,
@@ -84,7 +99,7 @@ def environment(served, args) -> dict:
 
 def _main(args) -> int:
     from .run import SoakConfig, Target, run_soak, say
-    from .servers import healthy, local_servers, make_tiny_model, served_model
+    from .servers import POOL_TOKENS, healthy, local_servers, make_tiny_model, served_model
     from .workload import Shape
 
     _check_args(args)
@@ -107,7 +122,9 @@ def _main(args) -> int:
                     raise SystemExit(f"sgl-ridgefill soak: {name} {target.url} does not answer /health with 200")
         else:
             say(f"starting the RidgeFill and the stock server (logs in {workdir})")
-            rf_proc, stock_proc = stack.enter_context(local_servers(served, workdir, args.chunk, args.context_length))
+            pool = args.max_total_tokens or POOL_TOKENS
+            rf_proc, stock_proc = stack.enter_context(local_servers(served, workdir, args.chunk, args.context_length,
+                                                                    pool=pool, cache_mode=args.cache_mode))
             rf = Target(rf_proc.url, rf_proc, rf_proc.log_path)
             stock = Target(stock_proc.url, stock_proc, stock_proc.log_path)
         cfg = SoakConfig(requests=args.requests, clients=args.clients, seed=args.seed, fuzz=args.fuzz, shape=shape,

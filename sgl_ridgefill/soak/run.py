@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from . import compare as C
 from .client import Outcome, Runner
 from .fuzz import run_fuzz
+from .memory import RssSampler
 from .servers import LIVE_GAUGE, healthy, log_excerpts, metric_value, read_metrics
 from .summary import failures, tally
 from .workload import Shape, build_workload
@@ -109,8 +110,10 @@ def _final_request(url: str, shape: Shape) -> tuple[bool, str]:
     return resp.status_code == 200 and (finish or {}).get("type") == "length", f"{resp.status_code} {finish}"
 
 
-def _progress(every: int) -> Callable[[int, int], None]:
+def _progress(every: int, memory: RssSampler | None, calls_per_job: float) -> Callable[[int, int], None]:
     def report(done: int, total: int) -> None:
+        if memory is not None:
+            memory.sample(round(done * calls_per_job))
         if done % every == 0 or done == total:
             say(f"jobs done: {done}/{total}")
 
@@ -122,8 +125,12 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
     t0 = time.monotonic()
     deadline = t0 + cfg.max_minutes * 60
     jobs = build_workload(cfg.requests, cfg.seed, cfg.shape)
-    say(f"workload: {len(jobs)} jobs, {sum(len(j.calls) for j in jobs)} requests, {cfg.clients} clients")
-    outcomes, skipped = Runner(rf.url).run(jobs, cfg.clients, deadline, _progress(max(1, len(jobs) // 10)))
+    calls = sum(len(j.calls) for j in jobs)
+    say(f"workload: {len(jobs)} jobs, {calls} requests, {cfg.clients} clients")
+    pid = getattr(getattr(rf.process, "proc", None), "pid", None)
+    memory = RssSampler(pid) if pid is not None else None  # a server this run started: its processes are here
+    progress = _progress(max(1, len(jobs) // 10), memory, calls / max(1, len(jobs)))
+    outcomes, skipped = Runner(rf.url).run(jobs, cfg.clients, deadline, progress)
     soak_s = time.monotonic() - t0
     crashed = not rf.alive
 
@@ -155,11 +162,16 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
     live = _live_requests(rf.url) if not crashed else {"live_requests": None}
     alive = rf.alive
     tracebacks, excerpts = log_excerpts(rf.log_path)
+    metrics = (read_metrics(rf.url) or "") if not crashed else ""
+    pool = {"retracted_requests": metric_value(metrics, "sglang:num_retracted_requests_total"),
+            "evictions": metric_value(metrics, "sglang:eviction_duration_seconds_count")}
     summary = {
         **tally(jobs, outcomes),
         "exact": exact,
         "fill_effect": fill_effect,
         "fuzz": fuzz or {},
+        "memory": memory.summary() if memory is not None else {"samples": 0, "judged": False, "ok": None},
+        "pool": pool,
         "server": {
             "healthy_at_end": healthy(rf.url), "final_request_ok": final_ok, "final_request": final,
             **live, "crashes": int(crashed or not alive), "log_tracebacks": tracebacks,

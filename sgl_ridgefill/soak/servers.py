@@ -79,31 +79,39 @@ def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path
     return path
 
 
-def common_flags(served: ServedModel, chunk: int, context_length: int) -> list[str]:
+POOL_TOKENS = 16384  # --max-total-tokens of both servers unless the soak asks for a smaller pool
+
+
+def common_flags(served: ServedModel, chunk: int, context_length: int, pool: int = POOL_TOKENS) -> list[str]:
     dtype = "float32" if served.tiny else "bfloat16"
     return ["--model-path", str(served.model), "--dtype", dtype, "--context-length", str(context_length),
-            "--max-total-tokens", "16384", "--mem-fraction-static", "0.5", "--chunked-prefill-size", str(chunk),
+            "--max-total-tokens", str(pool), "--mem-fraction-static", "0.5", "--chunked-prefill-size", str(chunk),
             "--enable-metrics"]
 
 
-def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, context_length: int) -> list[str]:
+def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, context_length: int,
+                    pool: int = POOL_TOKENS, cache_mode: str = "no_insert") -> list[str]:
     settings = {
         "prefill_backend": "ridgefill", "maps": str(served.maps), "split": served.split, "tail": served.tail,
-        "cache_mode": "no_insert",  # the server's flag beats its policy's cache mode; a named policy beats both
+        "cache_mode": cache_mode,  # the server's flag beats its policy's cache mode; a named policy beats both
         "policy": str(policy_file), "diagnostics": True, "request_policies": ("all",),
     }
-    return common_flags(served, chunk, context_length) + cli_flags(settings)
+    return common_flags(served, chunk, context_length, pool) + cli_flags(settings)
 
 
 @contextlib.contextmanager
 def local_servers(served: ServedModel, workdir: pathlib.Path, chunk: int, context_length: int,
-                  timeout: float = 900) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both."""
+                  timeout: float = 900, pool: int = POOL_TOKENS,
+                  cache_mode: str = "no_insert") -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both.
+    ``pool``: both servers' KV pool in tokens (small: requests are retracted and cached prefixes evicted);
+    ``cache_mode``: the RidgeFill server's ``--ridgefill-cache-mode``."""
     policy = write_soak_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
-    rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length),
+    rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length, pool, cache_mode),
                        log_path=workdir / "ridgefill-server.log", env=env)
-    stock = ServerProcess(common_flags(served, chunk, context_length), log_path=workdir / "stock-server.log", env=env)
+    stock = ServerProcess(common_flags(served, chunk, context_length, pool), log_path=workdir / "stock-server.log",
+                          env=env)
     try:
         rf.start()
         stock.start()

@@ -20,7 +20,7 @@ from .workload import Job, count_calls
 
 SHOWN = 5
 FAILURE_KEYS = ("mismatches", "exact_not_exact", "5xx", "unexpected_outcomes", "fuzz_failures", "crashes",
-                "leaked_states")
+                "leaked_states", "rss_growth")
 
 
 def status_key(out: Outcome) -> str:
@@ -100,6 +100,7 @@ def failures(summary: dict) -> dict[str, int]:
         "fuzz_failures": int(summary.get("fuzz", {}).get("failures", 0)),
         "crashes": int(server.get("crashes", 0)),
         "leaked_states": 1 if leaked is None else int(leaked),
+        "rss_growth": int(summary.get("memory", {}).get("ok") is False),  # judged on runs of 1,000+ requests
     }
 
 
