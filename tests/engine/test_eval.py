@@ -85,6 +85,7 @@ def test_report_and_resume(run):
     assert "check passed" in first.stdout
 
 
+@pytest.mark.slow  # a second eval run (about 2.5 min); the module's run covers the suite in CI
 def test_another_run_reuses_the_exact_arm_and_sends_only_the_others(run, tiny_models, tmp_path):
     out, records, _, _ = run
     done = _eval(tiny_models("qwen2"), tmp_path, "--exact-from", str(out))
@@ -101,6 +102,7 @@ def test_another_run_reuses_the_exact_arm_and_sends_only_the_others(run, tiny_mo
     assert ours[0]["fill_flops_per_row"] > 0
 
 
+@pytest.mark.slow  # a third eval run (about 3.5 min)
 def test_a_rows_selection_of_ones_own_is_served_recorded_and_kept_on_resume(run, tiny_models, tmp_path):
     out, _, _, _ = run
     model = tiny_models("qwen2")

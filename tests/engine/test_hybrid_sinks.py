@@ -14,7 +14,9 @@ from sgl_ridgefill.runtime.selection import every_kth_row
 from tests.engine.conftest import HYBRID_ENGINE_KWARGS, HYBRID_ENV, HYBRID_SPLIT, assert_top_close, random_maps
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
-pytestmark = pytest.mark.engine
+# Outside CI's time budget (run with -m slow): about 1.5 min; the hybrid fill runs in CI in
+# test_hybrid_matches_reference
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 TAIL = 20
 N = 150
 CHUNK = 48

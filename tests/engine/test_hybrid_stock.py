@@ -16,7 +16,9 @@ from tests.engine.conftest import HYBRID_ENGINE_KWARGS, HYBRID_ENV, HYBRID_LAYER
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 from tests.support.server import cpu_server
 
-pytestmark = pytest.mark.engine
+# Outside CI's time budget (run with -m slow): stock SGLang against transformers on a hybrid (about 2.5 min): a
+# check of the CPU launcher, with -m slow
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = [prompt(40 + s, n) for s, n in enumerate((150, 97, 15))]
 STEPS, TOP = 4, 5
 

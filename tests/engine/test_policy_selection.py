@@ -41,7 +41,9 @@ policy "tiny-probe" {{
 }
 
 
-@pytest.fixture(scope="module", params=sorted(POLICIES))
+# The probe policy's engine is the longest (its probe pass): outside CI's budget, with -m slow.
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow) if name == "probe" else name
+                                        for name in sorted(POLICIES)])
 def run(request, tiny_models, tmp_path_factory):
     model = tiny_models("llama")
     path = tmp_path_factory.mktemp("policy") / f"{request.param}.rfpolicy"

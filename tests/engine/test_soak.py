@@ -13,7 +13,9 @@ import pytest
 from sgl_ridgefill.cli import main
 from sgl_ridgefill.soak.workload import KINDS
 
-pytestmark = pytest.mark.engine
+# Outside CI's time budget (run with -m slow): about 2.5 min; tests/soak checks the workload and the verdicts
+# without an engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def test_soak_and_fuzz_find_nothing(tmp_path):

@@ -139,6 +139,7 @@ def test_a_tail_longer_than_the_chunk_runs_in_steps(run):
     assert by_name["long_tail"][1]["ridgefill"]["upper_steps"] == math.ceil(80 / CHUNK)
 
 
+@pytest.mark.slow  # two more engines under the interpreter (about 2 min); off-is-stock runs in tests/engine
 def test_ridgefill_off_is_stock_on_triton(run, tiny_models):
     """RidgeFill off for a request (and the plugin absent) give the same bytes on the Triton backend."""
     model, by_name = run

@@ -7,7 +7,9 @@ import pytest
 
 from sgl_ridgefill.gpu_check.host_census import run_census
 
-pytestmark = pytest.mark.engine
+# Outside CI's time budget (run with -m slow): about 1.5 min; its counts are also asserted by the estimates' meta-
+# device tests
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
