@@ -16,7 +16,9 @@ from sgl_ridgefill.calibration.corpus import CalibrationError, builtin_corpus
 from tests.engine.conftest import SPLIT
 from tests.support.engines import REPO
 
-pytestmark = pytest.mark.engine
+# Outside CI's time budget (run with -m slow): eval against a live server takes 4.5 minutes per run here;
+# tests/eval checks the runner, the analysis and the reports without an engine.
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def _eval(model, out, *extra):

@@ -26,6 +26,9 @@ from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 from tests.support.server import cpu_server
 
 pytestmark = pytest.mark.engine
+# The TP=2 engines take 2.5 minutes here: outside CI's time budget (run with -m slow);
+# tests/runtime/test_distributed.py runs the collectives on two ranks in CI.
+TP_ENGINES = pytest.mark.slow
 TAIL, N, Q, PROBE = 20, 150, 8, 8
 BOUNDARY = N - TAIL
 COUNT = round(0.10 * BOUNDARY)
@@ -139,6 +142,7 @@ def test_tp2_equals_tp1(runs, tp1, case):
         assert (ra["filled"], ra["exact"], ra["tail"]) == (rb["filled"], rb["exact"], rb["tail"])
 
 
+@TP_ENGINES
 @pytest.mark.parametrize("case", CASES)
 def test_tp2_matches_the_oracle(runs, case):
     model, expect = runs["model"], runs["expect"][case]
@@ -147,6 +151,7 @@ def test_tp2_matches_the_oracle(runs, case):
     assert_top_close(got, model.expected_top(expect["ids"], split=SPLIT, tail=TAIL, **kw))
 
 
+@TP_ENGINES
 @pytest.mark.parametrize("case", ["ridgefill", "identity", "rows", "exact_every", "nofill"])
 def test_tp2_decode_reads_the_filled_cache(runs, case):
     """Decode steps at TP=2 run the full model over each rank's share of the filled cache."""
@@ -159,6 +164,7 @@ def test_tp2_decode_reads_the_filled_cache(runs, case):
         assert_top_close({"top": got["tops"][step]}, model.expected_top(ids, split=SPLIT, tail=TAIL + step, **kw))
 
 
+@TP_ENGINES
 def test_both_ranks_chose_the_same_exact_rows(runs):
     """Every RidgeFill request reports that both ranks chose identical rows (checked by gathering each
     rank's rows before the exact pass); the selecting ones chose some, as many as TP=1 chose."""
@@ -171,6 +177,7 @@ def test_both_ranks_chose_the_same_exact_rows(runs):
     assert runs["tp2"]["rows"]["ridgefill"]["exact"] == len(_policy_rows(runs["model"], runs["expect"]["rows"]["ids"]))
 
 
+@TP_ENGINES
 def test_ridgefill_off_at_tp2_is_stock(runs):
     """Exact requests on the TP=2 RidgeFill engine are bit-identical to a TP=2 engine with RidgeFill off."""
     strip = [(r["output_ids"], r["logprobs"], r["tops"]) for r in runs["tp2_exact"]]
@@ -178,6 +185,7 @@ def test_ridgefill_off_at_tp2_is_stock(runs):
     assert all(r["ridgefill"] == {"ran": False, "reason": "the request asked for exact prefill"} for r in runs["tp2_exact"])
 
 
+@TP_ENGINES
 def test_ridgefill_changes_the_output_at_tp2(runs):
     """Guards the comparisons above against passing trivially."""
     model, expect = runs["model"], runs["expect"]["ridgefill"]
@@ -211,7 +219,7 @@ def test_serve_cpu_sets_up_tensor_parallelism():
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
 
 
-@pytest.mark.slow  # a third TP=2 start; the engines above cover the same code path in CI
+@pytest.mark.slow  # a third TP=2 start
 def test_tp_server_matches_the_oracle_and_reports_memory_per_rank(tp_server):
     model, url, log = tp_server
     for j, (body, kw) in enumerate([({"arm": "identity"}, dict(arm="identity")), ({"exact_every": 7}, {}),
