@@ -18,9 +18,9 @@ Engine-free: imports neither SGLang nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 

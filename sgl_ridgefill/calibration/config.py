@@ -18,6 +18,12 @@ class CalibrationError(ValueError):
     """A user error in calibration input: corpus, model, splits, penalty, output folder."""
 
 
+def check_accumulation(requested: str) -> None:
+    """``--accumulate``: ``auto`` or one of :data:`~sgl_ridgefill.vocabulary.ACCUMULATIONS`."""
+    if requested != "auto" and requested not in ACCUMULATIONS:
+        raise CalibrationError(f"--accumulate must be auto or one of {', '.join(ACCUMULATIONS)}, got {requested!r}")
+
+
 def default_stats_dir(out_dir: pathlib.Path) -> pathlib.Path:
     """Statistics live beside the maps folder (they can be GBs), never inside it."""
     return out_dir.parent / f"{out_dir.name}.stats"
@@ -110,8 +116,7 @@ class CalibrationConfig:
             raise CalibrationError(f"--quant must be one of {', '.join(QUANTS)}, got {self.quant!r}")
         if self.dtype not in DTYPES:
             raise CalibrationError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.accumulate != "auto" and self.accumulate not in ACCUMULATIONS:
-            raise CalibrationError(f"--accumulate must be auto or one of {', '.join(ACCUMULATIONS)}, got {self.accumulate!r}")
+        check_accumulation(self.accumulate)
 
     @property
     def resolved_stats_dir(self) -> pathlib.Path:

@@ -28,7 +28,7 @@ from sgl_ridgefill.maps.kinds import DEFAULT_KIND, MAP_KINDS, map_kind
 
 from .config import CalibrationConfig, CalibrationError
 from .solve import SplitFit, fit_split
-from .stats import LEGACY_ACCUMULATION, StatsState, choose_accumulation, load_stats, stats_exist
+from .stats import StatsState, choose_accumulation, load_stats, stats_exist
 
 Log = Callable[[str], None]
 
@@ -53,7 +53,6 @@ def peak_memory_mib() -> float:
 def _comparable(run: dict[str, Any], *, layers: bool = True) -> dict[str, Any]:
     # The model folder may move (e.g. another cache dir); the fingerprints say whether it is the same model.
     out = {k: v for k, v in json.loads(json.dumps(run)).items() if k != "model_dir"}
-    out.setdefault("accumulate", LEGACY_ACCUMULATION)  # statistics from before the choice: float64 products
     if not layers:
         out["model"] = {k: v for k, v in out["model"].items() if k != "layers"}
     return out

@@ -3,7 +3,7 @@
     python -m sgl_ridgefill.calibration.precision --model qwen2.5-coder-0.5b --splits 12 \
         --max-tokens 40000 --out docs/bench/precision
 
-One statistics pass per accumulation (``stats.ACCUMULATIONS``) over the same documents (same seed, held-out
+One statistics pass per accumulation (``vocabulary.ACCUMULATIONS``) over the same documents (same seed, held-out
 choice and pieces), on one device, for every map kind. Then, per kind and split, both are fitted with the
 penalty the float64 statistics choose, and compared:
 

@@ -27,7 +27,7 @@ from sgl_ridgefill.maps.kinds import map_kind
 from .capture import capture_layer_inputs
 from .config import CalibrationConfig, CalibrationError
 from .corpus import Corpus, Document, Mixer, iter_pieces, pick_heldout
-from .stats import LEGACY_ACCUMULATION, StatsState, accumulation_dtype
+from .stats import StatsState, accumulation_dtype
 from .targets import Accumulator, kv_projections
 
 
@@ -77,7 +77,7 @@ def _progress_bar(enabled: bool, **kwargs: Any):
 
 
 @contextlib.contextmanager
-def _float32_as_float32(device: torch.device | str):
+def float32_products(device: torch.device | str):
     """Float32 products that are float32 on CUDA, not TF32 (which a process may have allowed)."""
     if torch.device(device).type != "cuda":
         yield
@@ -103,7 +103,7 @@ def run_pass(
 ) -> PassTiming:
     """Accumulate statistics into ``state`` (resuming from its progress) on ``device``; calls ``save`` at
     checkpoints (which writes from host memory)."""
-    with _float32_as_float32(device):
+    with float32_products(device):
         return _run_pass(model, tokenizer, corpus, state, config, save=save, log=log, device=device)
 
 
@@ -116,8 +116,7 @@ def _run_pass(model, tokenizer, corpus, state, config, *, save, log, device) -> 
     projections = kv_projections(model, layers) if any(map_kind(k).predicts_kv for k in kinds) else {}
     for split in splits if projections else ():
         state.exact_kv.setdefault(split, projections[split].exact_map())
-    accumulate = state.run.get("accumulate", LEGACY_ACCUMULATION)
-    accumulator = Accumulator(kinds, projections, state.run["sink"], accumulation_dtype(accumulate))
+    accumulator = Accumulator(kinds, projections, state.run["sink"], accumulation_dtype(state.run["accumulate"]))
     vocab = state.token_counts.numel()
     tokens = _Tokens(tokenizer)
     timing = PassTiming()

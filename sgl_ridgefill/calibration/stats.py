@@ -12,7 +12,7 @@ determine the ridge solve (after centering), the squared error of any affine map
 and that of identity fill, so held-out scoring needs no stored states either. Raw sums are kept in float64
 and centered only at solve time; float64 absorbs the cancellation from the residual stream's large means.
 
-How each piece's products are formed is the pass's *accumulation* (:data:`ACCUMULATIONS`): ``float64``
+How each piece's products are formed is the pass's *accumulation* (:data:`sgl_ridgefill.vocabulary.ACCUMULATIONS`): ``float64``
 multiplies in float64; ``float32-blocks`` multiplies one forward piece (a block of at most ``doc_tokens``
 rows) in float32 and adds the block's sums into the same float64 totals, for GPUs whose float64 rate is a
 small fraction of their float32 rate. ``python -m sgl_ridgefill.calibration.precision`` measures what the
@@ -37,14 +37,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sgl_ridgefill.maps.kinds import map_kind
-from sgl_ridgefill.vocabulary import ACCUMULATIONS
 
-from .config import CalibrationError
+from .config import CalibrationError, check_accumulation
 
 STATS_FILE = "stats.safetensors"
 STATS_FORMAT = "sgl-ridgefill-stats"
 STATS_VERSION = 2  # 2: per map kind, sinks left out, held-out kept with and without them, identity sums
 _FIELDS = ("count", "sum_x", "sum_y", "xtx", "xty", "yy", "py", "pp")
+SIDES = ("train", "heldout", "heldout_all")  # training rows and held-out rows without sinks; held-out rows, all
 LEGACY_ACCUMULATION = "float64"  # what statistics written before the choice existed used
 # What ``auto`` picks on a CUDA device, and why: the measurement ``calibration/precision.py`` makes
 # (docs/precision/avx2-float32): float32 block products moved the maps of Qwen2.5-Coder-0.5B by at most
@@ -56,21 +56,19 @@ CUDA_ACCUMULATION_REASON = ("float32 products per piece on CUDA: measured within
 
 
 def accumulation_dtype(name: str) -> torch.dtype:
-    """The dtype ``name`` (one of :data:`ACCUMULATIONS`) multiplies in."""
+    """The dtype ``name`` (one of ``vocabulary.ACCUMULATIONS``: each starts with its dtype) multiplies in."""
     return getattr(torch, name.partition("-")[0])
 
 
 def choose_accumulation(requested: str, device: torch.device | str) -> tuple[str, str]:
     """``(accumulation, why)`` for ``--accumulate requested`` on ``device``: ``auto`` is float64 on the CPU
     (what calibration has always done) and :data:`CUDA_ACCUMULATION` on CUDA."""
+    check_accumulation(requested)
     if requested != "auto":
-        if requested not in ACCUMULATIONS:
-            raise CalibrationError(f"--accumulate must be auto or one of {', '.join(ACCUMULATIONS)}, got {requested!r}")
         return requested, "chosen with --accumulate"
     if torch.device(device).type == "cuda":
         return CUDA_ACCUMULATION, CUDA_ACCUMULATION_REASON
-    return "float64", "float64 products on the CPU"
-SIDES = ("train", "heldout", "heldout_all")  # training rows and held-out rows without sinks; held-out rows, all
+    return LEGACY_ACCUMULATION, "float64 products on the CPU"
 
 
 @dataclasses.dataclass
@@ -259,6 +257,7 @@ def load_stats(stats_dir: pathlib.Path) -> StatsState:
             f"expected {STATS_FORMAT!r} version {STATS_VERSION}"
         )
     run = header["run"]
+    run.setdefault("accumulate", LEGACY_ACCUMULATION)  # written before the choice existed: float64 products
     sides = {
         side: {(s, k): SplitStats.from_tensors(f"{side}.split{s}.{k}", tensors, s, run["num_layers"]) for s, k in _keys(run)}
         for side in SIDES

@@ -13,7 +13,7 @@ model's dtype) give, for split ``S`` and each kind (``maps/kinds.py``):
 Sink rows (:func:`~sgl_ridgefill.maps.kinds.sink_rows` on ``x_S``) are served exactly, so they are left out
 of the training statistics and of the held-out statistics of normal rows; the held-out statistics of all
 rows keep them. Everything is accumulated one upper layer at a time into float64 totals, from products
-formed in the pass's accumulation dtype (``stats.ACCUMULATIONS``: float64, or float32 per piece).
+formed in the pass's accumulation dtype (``vocabulary.ACCUMULATIONS``: float64, or float32 per piece).
 """
 
 from __future__ import annotations

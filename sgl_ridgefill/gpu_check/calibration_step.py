@@ -57,6 +57,7 @@ def _statistics(model: Any, pieces: list[torch.Tensor], heldout: list[torch.Tens
 def calibration(ctx: Context) -> Iterator[Row]:
     from sgl_ridgefill.calibration.precision import MAP_TOLERANCE, R2_TOLERANCE
     from sgl_ridgefill.calibration.solve import fit_split, kind_r2
+    from sgl_ridgefill.calibration.statpass import float32_products
     from sgl_ridgefill.calibration.stats import choose_accumulation
     from sgl_ridgefill.maps.kinds import map_kind
 
@@ -70,12 +71,8 @@ def calibration(ctx: Context) -> Iterator[Row]:
     accumulate, why = choose_accumulation("auto", torch.device("cuda"))
     cpu_train, cpu_held, cpu_s = _statistics(model, pieces, heldout, torch.device("cpu"), "float64")
     device_model = model.to(ctx.device)
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with float32_products(ctx.device):  # as the calibration pass runs them
         dev_train, dev_held, dev_s = _statistics(device_model, pieces, heldout, ctx.device, accumulate)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
     ref = fit_split(cpu_train, cpu_held, None)
     other = fit_split(dev_train, dev_held, ref.lam)
     true_r2 = kind_r2(cpu_held, other.A, other.b, map_kind("residual"))
