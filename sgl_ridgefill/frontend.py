@@ -67,8 +67,7 @@ from typing import TYPE_CHECKING, Any
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 from .patches import HTTP_REQUEST, NAMESPACE_MARK, wrap_http_request
-from .request_schema import KEY, RequestParamError, parse_request_params
-from .request_schema import expand_shorthand
+from .request_schema import KEY, RequestParamError, expand_shorthand, parse_request_params
 
 if TYPE_CHECKING:
     from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
