@@ -14,6 +14,14 @@ server's settings and the maps) agree by construction. What does not agree by co
   rows would deadlock, so the exchange is what guarantees they never do.
 - **Startup checks that read rank-local weights.** The maps fingerprint reads the first embedding rows
   and KV head 0, which rank 0 holds; rank 0 checks and every rank adopts its verdict (``from_first``).
+- **A failure on one rank.** On one device a request whose RidgeFill raises runs its chunk exactly and the
+  server goes on. A rank of a tensor-parallel group cannot do that alone: the exact layers it would run are
+  collectives the other ranks are not in (they are inside RidgeFill's own, or past it), so every rank would
+  wait for the others until the collectives' timeout, the server answering nothing meanwhile. Nothing can
+  tell the other ranks in time either: any message would be one more collective they are not in. So the
+  failing rank raises :class:`RankFailure` out of the forward; SGLang's scheduler logs it and shuts the
+  server down (as for any scheduler exception), and every request in flight ends with an error within
+  seconds instead of a hang.
 
 Maps are replicated: every rank holds all of ``A_l`` (memory per rank), computes the same ``x̂_l`` and
 writes its own KV heads with its own K/V projection rows (``adapter.py`` reads tensor-parallel-local
@@ -100,6 +108,17 @@ class TensorParallel:
         if kind == "error":
             raise value
         return value
+
+
+class RankFailure(RuntimeError):
+    """RidgeFill raised on one tensor-parallel rank: the server stops (see the module's docstring)."""
+
+    def __init__(self, tp: TensorParallel, rid: str, error: BaseException):
+        super().__init__(
+            f"RidgeFill failed on tensor-parallel rank {tp.rank} of {tp.size} for request {rid} "
+            f"({type(error).__name__}: {error}); one rank cannot fall back to exact prefill alone (the other "
+            "ranks would wait for it in the model's collectives), so this scheduler stops and the server shuts down"
+        )
 
 
 def _int(sa: Any, name: str, default: int = 1) -> int:

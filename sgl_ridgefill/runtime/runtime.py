@@ -16,6 +16,7 @@ import torch
 
 from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
+from .distributed import RankFailure
 from .passes import GROUP_SIZE, PassContext, plan_batch
 from .prefill import SelectionResources
 from .exact_rows import ExactRows
@@ -189,16 +190,24 @@ class RidgeFillRuntime:
                         prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden,
                                           req_row=self._req_row(fb, i))
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
-                    logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
-                    st.fail(f"RidgeFill failed ({type(e).__name__}: {e})",
-                            chunk_start=int(fb.extend_prefix_lens_cpu[i]))
-                    self._run_exact(backend, fb, [i], hidden)
-                    if st.stop_reason is not None and (req := self.live.req(fb.rids[i])) is not None:
-                        stop_request(req, st.stop_reason)
+                    self._fall_back(backend, fb, i, st, e, hidden)
                 if st.prefill_done or st.exact_reason is not None:
                     self._finish(fb.rids[i], st)
             plan_batch(backend, fb)
             return lm.logits_processor(input_ids, hidden, lm.lm_head, fb)
+
+    def _fall_back(self, backend, fb: ForwardBatch, i: int, st: RequestState, error: Exception,
+                   hidden: torch.Tensor) -> None:
+        """Request ``i``'s RidgeFill raised ``error`` in this chunk: the chunk runs exactly (or the request
+        stops, :meth:`RequestState.fail`). Under tensor parallelism no rank can do that alone: this rank
+        raises :class:`~.distributed.RankFailure` and the server shuts down."""
+        if self.tp is not None:
+            raise RankFailure(self.tp, fb.rids[i], error) from error
+        logger.exception("RidgeFill failed on request %s; its chunk runs exact prefill", fb.rids[i])
+        st.fail(f"RidgeFill failed ({type(error).__name__}: {error})", chunk_start=int(fb.extend_prefix_lens_cpu[i]))
+        self._run_exact(backend, fb, [i], hidden)
+        if st.stop_reason is not None and (req := self.live.req(fb.rids[i])) is not None:
+            stop_request(req, st.stop_reason)
 
     def _chunk_ids(self, rid: str, fb: ForwardBatch, i: int, n: int) -> torch.Tensor | None:
         """The token ids SGLang put in request ``i``'s chunk, from its ``Req`` on the host (the ids the batch

@@ -237,3 +237,64 @@ def test_tp_server_matches_the_oracle_and_reports_memory_per_rank(tp_server):
     text = log.read_text()
     ranks = sorted(set(re.findall(r"RidgeFill on: .* resident=[\d.]+ MiB on TP rank (\d) of 2", text)))
     assert ranks == ["0", "1"], text[-3000:]
+
+
+# ----------------------------------------------------------------------------- a fault on one rank
+# Loaded by every Python process of the server (a sitecustomize first on PYTHONPATH): RidgeFill's prefill
+# raises on TP rank 1 only.
+FAULT_HOOK = """
+import sgl_ridgefill.runtime.prefill as prefill
+
+_run_chunk = prefill.run_chunk
+
+
+def run_chunk(ctx, *args, **kwargs):
+    if ctx.tp is not None and ctx.tp.rank == 1:
+        raise RuntimeError("a fault on rank 1")
+    return _run_chunk(ctx, *args, **kwargs)
+
+
+prefill.run_chunk = run_chunk
+"""
+
+
+@TP_ENGINES
+def test_a_fault_on_one_rank_ends_in_an_error_not_a_hang(tiny_models, tmp_path):
+    """RidgeFill raising on one TP rank only: the request ends with an error and the server shuts down
+    within 30 s, instead of the other rank waiting in a collective."""
+    import time
+
+    from sgl_ridgefill.cpu.environment import cpu_environment
+    from sgl_ridgefill.cpu.launch_server_process import ServerProcess
+    from tests.support.server import REPO
+
+    model = tiny_models("llama")
+    (tmp_path / "sitecustomize.py").write_text(FAULT_HOOK)
+    env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"], str(REPO)])
+    log = tmp_path / "server.log"
+    args = ["--model-path", str(model.path), "--dtype", "float32", "--max-total-tokens", "8192",
+            "--mem-fraction-static", "0.2", "--chunked-prefill-size", "48", "--tp-size", "2",
+            "--prefill-backend", "ridgefill", "--ridgefill-maps", str(model.maps_dir), "--ridgefill-split", str(SPLIT),
+            "--ridgefill-tail", str(TAIL)]
+    server = ServerProcess(args, log_path=log, env=env, command=[sys.executable, "-m", "sgl_ridgefill.cli", "serve-cpu"])
+    server.start()
+    try:
+        server.wait_ready(900)
+        exact = requests.post(server.url + "/generate", json=request(prompt(400, N), {"enabled": False}), timeout=120)
+        assert exact.status_code == 200, exact.text  # exact requests never reach the fault
+        start = time.monotonic()
+        try:
+            resp = requests.post(server.url + "/generate", json=request(prompt(401, N), {}), timeout=60)
+            assert resp.status_code >= 500, resp.text
+        except requests.ConnectionError:
+            pass  # the server went down while the request was in flight
+        while server.alive and time.monotonic() - start < 30:
+            time.sleep(0.5)
+        elapsed = time.monotonic() - start
+        assert not server.alive, f"the server still runs {elapsed:.0f} s after the fault:\n{log.read_text()[-3000:]}"
+        assert elapsed < 30
+        text = log.read_text()
+        assert "RidgeFill failed on tensor-parallel rank 1 of 2" in text, text[-3000:]
+    finally:
+        server.stop()

@@ -238,6 +238,37 @@ def test_stopping_a_request_finishes_it_with_a_server_error():
     assert req.to_finish.message == "why" and req.to_finish.status_code == HTTPStatus.INTERNAL_SERVER_ERROR
 
 
+def test_a_failure_on_one_tensor_parallel_rank_stops_the_server(runtime):
+    """One device: the failing chunk runs exactly and the request goes on. A tensor-parallel rank cannot run
+    exact layers alone (they are collectives the other ranks are not in), so it raises ``RankFailure`` out of
+    the forward (SGLang's scheduler then shuts the server down) instead of leaving the others waiting."""
+    import torch
+
+    from sgl_ridgefill.runtime.distributed import RankFailure, TensorParallel
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    fb = SimpleNamespace(rids=["a"], extend_prefix_lens_cpu=[10])
+    ran_exact = []
+    runtime._run_exact = lambda backend, fb, idx, hidden: ran_exact.append(idx)  # noqa: SLF001
+
+    def state():
+        st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8))
+        st.bind(torch.arange(100), None)
+        st.start = 10
+        return st
+
+    st = state()
+    runtime._fall_back(None, fb, 0, st, ValueError("x"), None)  # noqa: SLF001
+    assert ran_exact == [[0]] and st.exact_reason.startswith("RidgeFill failed (ValueError: x)")
+
+    runtime.tp = TensorParallel(rank=1, size=2, group=None)
+    st = state()
+    with pytest.raises(RankFailure, match="rank 1 of 2 for request a .*ValueError: x.* the server shuts down"):
+        runtime._fall_back(None, fb, 0, st, ValueError("x"), None)  # noqa: SLF001
+    assert ran_exact == [[0]] and st.exact_reason is None  # nothing ran on this rank alone
+
+
 def test_a_streaming_plan_loses_no_tail_rows_to_a_failure():
     """A streaming plan's earlier tail rows ran every layer in their own chunk: the exact fallback of the
     failing chunk reads their upper-layer KV, so the request answers instead of stopping."""
