@@ -32,6 +32,8 @@ def _counters():
         "filled": Counter("ridgefill_filled_rows", "Prefix rows whose upper layers were filled", ["arm"]),
         "exact": Counter("ridgefill_exact_rows", "Prefix rows selected to run every layer exactly", ["arm"]),
         "tail": Counter("ridgefill_tail_rows", "Tail rows (always exact)", ["arm"]),
+        "reused_filled": Counter("ridgefill_reused_filled_rows",
+                                 "Filled rows taken from the radix cache (namespace mode)", ["arm"]),
         "saved": Histogram(
             "ridgefill_compute_saved_fraction", "Estimated share of layer-passes skipped per request", ["arm"],
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
@@ -48,10 +50,11 @@ def record_request(st: RequestState) -> None:
         return
     arm, s = st.plan.arm, st.stats
     counters["requests"].labels(arm).inc()
-    counters["filled"].labels(arm).inc(s["filled"])
-    counters["exact"].labels(arm).inc(s["exact"])
-    counters["tail"].labels(arm).inc(s["tail"])
-    counters["saved"].labels(arm).observe(s["saved_fraction"])
+    for name in ("filled", "exact", "tail"):
+        counters[name].labels(arm).inc(s.get(name, 0))
+    counters["reused_filled"].labels(arm).inc(getattr(st, "reused_filled", 0))
+    if "saved_fraction" in s:  # not for a request that only ran its new rows over the cache's filled rows
+        counters["saved"].labels(arm).observe(s["saved_fraction"])
 
 
 def set_live_requests(count: int) -> None:

@@ -265,7 +265,7 @@ class RidgeFillRuntime:
             self.census.finish(rid, summary)
         if self.tp is not None and not self.tp.first:
             return  # every rank runs the same requests: rank 0 logs and counts them
-        if st.exact_reason is not None:
+        if not summary["ran"]:
             logger.debug("ridgefill rid=%s ran exact: %s", rid, st.exact_reason)
             return
         logger.debug("ridgefill rid=%s %s", rid, " ".join(f"{k}={v}" for k, v in summary.items() if k != "ran"))

@@ -307,3 +307,31 @@ def test_an_exact_run_over_filled_cached_rows_says_ridgefill_ran():
     assert reused["filled"] == 0 and reused["note"] == "the radix cache already holds the whole prefix"
     assert after_hit(95, 95) == {"ran": False, "reason": "the radix cache already holds the whole prefix",
                                  "cached": 95, "cached_exact": 95}
+
+
+def test_an_answer_over_reused_filled_rows_is_counted(runtime):
+    """Prometheus: a request that answered from filled rows of the cache is a RidgeFill request (it reports
+    ``"ran": true``), counted with the filled rows it reused; an exact answer is not counted."""
+    prometheus = pytest.importorskip("prometheus_client")
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def sample(name):
+        return prometheus.REGISTRY.get_sample_value(name, {"arm": "ridgefill"}) or 0.0
+
+    def finish(rid, cached_exact):
+        st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8, cache_mode="namespace"))
+        st.bind(torch.arange(100), None)
+        st.start = 95
+        st.run_exact("the radix cache already holds the whole prefix")
+        st.stats.update(cached=95, cached_exact=cached_exact)
+        runtime._finish(rid, st)  # noqa: SLF001
+
+    requests, reused = sample("ridgefill_requests_total"), sample("ridgefill_reused_filled_rows_total")
+    finish("reused", 3)
+    assert sample("ridgefill_requests_total") == requests + 1
+    assert sample("ridgefill_reused_filled_rows_total") == reused + 92
+    finish("exact", 95)
+    assert sample("ridgefill_requests_total") == requests + 1
