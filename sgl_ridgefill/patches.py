@@ -365,10 +365,10 @@ def around_init_new(original, cls: Any, batch: Any, *args: Any, **kwargs: Any):
 
 def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any):
     """AROUND ``Req._compute_max_prefix_len``: SGLang caps how much of a prompt a radix-cache match may
-    cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary, or past it only as far
-    as the cached rows there are exact (``runtime/exact_rows.py``), so its tail rows never read filled KV of
-    another request's prefix as their own; and a kv+context fill, which needs the split states of every row
-    before the ones it fills, matches nothing."""
+    cover; RidgeFill caps a namespace request's match at its own prefix/tail boundary plus the tail's slack,
+    or past that only as far as the cached rows there are exact (``runtime/exact_rows.py``), so at most the
+    slack of its tail rows read filled KV of another request's prefix as their own; and a kv+context fill,
+    which needs the split states of every row before the ones it fills, matches nothing."""
     limit = original(req, *args, **kwargs)
     from .runtime.runtime import get_runtime
     from .runtime.state import state_of
@@ -379,10 +379,12 @@ def around_compute_max_prefix_len(original, req: Any, *args: Any, **kwargs: Any)
     if st.plan.context:
         return 0
     if st.plan.cache_mode == "namespace":
-        boundary = max(0, len(req.origin_input_ids) - st.plan.tail)
-        if limit > boundary:
+        from .runtime.exact_rows import tail_slack
+
+        reach = max(0, len(req.origin_input_ids) - st.plan.tail) + tail_slack(st.plan.tail)
+        if limit > reach:
             rt = get_runtime()
-            limit = boundary if rt is None else rt.exact_rows.exact_until(st.row_keys(req.origin_input_ids), boundary, limit)
+            limit = reach if rt is None else rt.exact_rows.exact_until(st.row_keys(req.origin_input_ids), reach, limit)
     return limit
 
 

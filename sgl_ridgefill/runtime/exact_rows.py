@@ -4,9 +4,15 @@ In namespace mode RidgeFill requests with one plan share their KV through SGLang
 there is *filled* (written from the map's prediction) or *exact* (the row ran every layer: the tail, the
 selected exact rows, the sink rows and every decoded token; exact in RidgeFill's sense: its upper layers
 attended to the filled prefix). A later request fills the rows before its own boundary and runs the rest
-exactly, so it may take filled rows from the cache only before its boundary, and exact rows anywhere: its
-match may reach into its own tail as far as the cached rows there are exact. A document followed by a new
+exactly, so it may take filled rows from the cache before its boundary, and exact rows anywhere: its match
+may reach into its own tail as far as the cached rows there are exact. A document followed by a new
 question, or a conversation's next turn, then prefills only its new tokens, as it would on stock SGLang.
+
+A question shorter than the one that filled the document puts its boundary a few rows before the first
+request's: those rows are filled in the cache but in the new request's tail, and a radix match cannot skip
+them, so without slack the request would recompute its whole tail. :func:`tail_slack` lets the match take up
+to an eighth of the tail's rows filled (the first ones, farthest from the question); the request then runs
+at least ``7/8`` of its tail exactly and says how many of its tail rows came filled (``tail_reused_filled``).
 
 The radix tree keeps no facts per row, so :class:`ExactRows` keeps them beside it, keyed by the row's place
 in its token sequence: a hash of the namespace and the tokens up to and including the row (two sequences
@@ -32,6 +38,12 @@ import numpy as np
 _PRIMES = (2_147_483_629, 2_147_483_587)
 _BASES = (1_000_003, 998_244_353)
 CAPACITY = 1 << 21  # exact rows remembered (≈ 100 MiB of host memory at most)
+TAIL_SLACK_SHARE = 8  # a match may take up to tail // 8 of a request's tail rows filled from the cache
+
+
+def tail_slack(tail: int) -> int:
+    """How many of its first tail rows a namespace request may take filled from the cache."""
+    return tail // TAIL_SLACK_SHARE
 
 
 def _powers(base: int, prime: int, n: int) -> np.ndarray:
@@ -108,6 +120,12 @@ class ExactRows:
     def count_exact(self, keys: np.ndarray, hi: int) -> int:
         """How many of the rows ``[0, hi)`` are known to be exact."""
         return sum(1 for key in keys[:hi].tolist() if key in self._exact)
+
+    def exact_among(self, keys: np.ndarray, positions: Iterable[int], hi: int) -> tuple[int, int]:
+        """``(n, exact)``: how many of ``positions`` lie in rows ``[0, hi)``, and how many of those are known
+        to be exact."""
+        inside = [p for p in positions if 0 <= p < min(hi, len(keys))]
+        return len(inside), sum(1 for p in inside if int(keys[p]) in self._exact)
 
     def _drop(self, keys: list[int]) -> None:
         for key in self._exact.keys() & set(keys):

@@ -44,6 +44,8 @@ def test_a_record_marks_the_tail_the_exact_rows_and_nothing_else():
     assert rows.exact_until(keys, 30, 40) == 40
     assert rows.exact_until(keys, 28, 40) == 28  # a filled row stops the match
     assert rows.count_exact(keys, 40) == 12
+    # watch_rows over the cached rows [0, 32): 4, 5, 12 and 31 lie there, 5, 12 and 31 exact; 35 lies past them
+    assert rows.exact_among(keys, [4, 5, 12, 31, 35], 32) == (4, 3)
 
 
 def test_rows_the_tree_held_keep_their_first_inserters_record():

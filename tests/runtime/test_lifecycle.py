@@ -148,12 +148,14 @@ def test_release_clears_only_the_skip_ridgefill_set(runtime):
     assert partial.skip_radix_cache_insert is True  # never a partial prefill
 
 
-def test_namespace_matches_stop_at_the_request_boundary(runtime):
-    """C12: a shorter request's tail must not be served from a longer request's filled prefix."""
-    cfg = ServerConfig(prefill_backend="ridgefill", maps="m", tail=8, cache_mode="namespace")
-    set_runtime(RidgeFillRuntime(cfg, None, Admitter(cfg, FACTS)))
-    req = create(_recv("n", range(40), {}))
-    assert patches.around_compute_max_prefix_len(lambda r, n: n - 1, req, 40) == 32
+def test_namespace_matches_stop_at_the_request_boundary_and_its_slack(runtime):
+    """C12: a shorter request's tail must not be served from a longer request's filled prefix, but for its
+    slack: an eighth of its tail (1 row of 8 here; 3 of 24)."""
+    for tail, reach in ((8, 33), (24, 19)):
+        cfg = ServerConfig(prefill_backend="ridgefill", maps="m", tail=tail, cache_mode="namespace")
+        set_runtime(RidgeFillRuntime(cfg, None, Admitter(cfg, FACTS)))
+        req = create(_recv(f"n{tail}", range(40), {}))
+        assert patches.around_compute_max_prefix_len(lambda r, n: n - 1, req, 40) == reach
     exact = create(_recv("e", range(40), {"enabled": False}))
     assert patches.around_compute_max_prefix_len(lambda r, n: n - 1, exact, 40) == 39
 
