@@ -10,6 +10,11 @@ Diagnostic arms (QUALITY_NOTES D1, D2):
   :func:`splice_ranges` gives the default ranges, the filled upper layers cut in two halves;
 - ``ridgefill+needle-rows`` (needles): the sample's own needle tokens run exactly (``exact_rows``), an
   oracle for "the needle rows' keys are the lever"; ``ridgefill+needle-random``: as many random prefix rows.
+
+Later-question arms (needles, ``niah_multikey``; asked for by name, not part of ``all``): the sample's
+question asked second (``ridgefill+rows@q2``) or third (``ridgefill+rows@q3``) on the same document, after
+questions about its other keys filled it and chose its rows; the later question reuses that cached KV
+(the rows policy's namespace cache mode), as a document-QA client would.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ CUT = "cut"  # loss only: the tail scored with the context cut to the tail itsel
 COMMON_ARMS = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM, NOFILL_LONGTAIL)
 NEEDLE_ROW_ARMS = (RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_NEEDLE_RANDOM)  # needles only: they need the needle spans
 NEEDLE_ARMS = COMMON_ARMS + NEEDLE_ROW_ARMS
+LATER_ARMS = ("ridgefill+rows@q2", "ridgefill+rows@q3")  # the question asked 2nd / 3rd on a cached document
 LOSS_ARMS = COMMON_ARMS + SPLICE_ARMS
-ALL_ARMS = NEEDLE_ARMS + SPLICE_ARMS + (CUT,)
+ALL_ARMS = NEEDLE_ARMS + LATER_ARMS + SPLICE_ARMS + (CUT,)
 # Display order in every table and plot; a layer-range splice follows its all-layer splice.
-ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, RIDGEFILL_RANDOM,
+ARM_ORDER = (EXACT, NOFILL, IDENTITY, RIDGEFILL, IDENTITY_ROWS, RIDGEFILL_ROWS, *LATER_ARMS, RIDGEFILL_RANDOM,
              RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_NEEDLE_RANDOM, NOFILL_LONGTAIL, *SPLICE_ARMS, CUT)
 ROWS_SHARE = 10  # percent of the prefix the rows arms select (the reference "+ rows" arms)
 ROWS_POLICY = "eval-rows"
@@ -49,15 +55,17 @@ def default_rows_select(split: int, share: int = ROWS_SHARE) -> str:
     return f"attention_topk(q=64, share={share}%, layers=[{', '.join(map(str, layers))}])"
 
 
-def rows_policy_text(split: int, tail: int, select: str | None = None) -> str:
+def rows_policy_text(split: int, tail: int, select: str | None = None, cache: str = "namespace") -> str:
     """The server policy of an evaluation: ``select`` (the body of a ``.rfpolicy`` ``select`` statement, its
-    clauses included), by default :func:`default_rows_select`."""
+    clauses included), by default :func:`default_rows_select`. Its cache mode is ``namespace``, for the
+    later-question arms (every other request starts from an emptied cache, so it reuses nothing);
+    ``no_insert`` on hybrid models, whose namespace mode the server refuses."""
     what = f"{ROWS_SHARE} % of the prefix by attention" if select is None else "--rows-select"
     return (
         f"# Written by sgl-ridgefill eval: the \"+ rows\" arms ({what}).\n"
         f'policy "{ROWS_POLICY}" {{\n  arm ridgefill\n  split {split}\n  tail {tail}\n'
         f"  select {select or default_rows_select(split)}\n"
-        f"  cache no_insert\n}}\n"
+        f"  cache {cache}\n}}\n"
     )
 
 
@@ -171,6 +179,8 @@ def arm_params(arm: str, *, split: int, tail: int, longtail: int | None = None, 
         return {"ridgefill": {**base, "arm": arm, "policy": "plain"}}
     if arm in (IDENTITY_ROWS, RIDGEFILL_ROWS):
         return {"ridgefill": {**base, "arm": arm.split("+")[0], "policy": ROWS_POLICY}}
+    if arm in LATER_ARMS:
+        return {"ridgefill": {**base, "arm": RIDGEFILL, "policy": ROWS_POLICY}}
     if arm == RIDGEFILL_RANDOM:
         return {"ridgefill": {**base, "arm": RIDGEFILL, "policy": ROWS_POLICY, "control": "random", "seed": seed}}
     if arm == NOFILL_LONGTAIL:
@@ -189,12 +199,18 @@ def arm_params(arm: str, *, split: int, tail: int, longtail: int | None = None, 
     raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ALL_ARMS)}")
 
 
-def parse_arms(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """``"all"`` or a comma-separated list of arm names (``exact`` is always included: everything is paired
-    against it). Where ``allowed`` holds the splices, a layer-range splice ``splice:KIND@FIRST-LAST`` is
-    allowed too."""
+def later_position(arm: str) -> int | None:
+    """Which question on the cached document a later-question arm asks (2 or 3); ``None`` for other arms."""
+    return LATER_ARMS.index(arm) + 2 if arm in LATER_ARMS else None
+
+
+def parse_arms(text: str, allowed: tuple[str, ...], also: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``"all"`` (``allowed``) or a comma-separated list of arm names from ``allowed`` and ``also`` (``exact``
+    is always included: everything is paired against it). Where ``allowed`` holds the splices, a layer-range
+    splice ``splice:KIND@FIRST-LAST`` is allowed too."""
     if text == "all":
         return allowed
+    allowed = allowed + also
     arms = tuple(a.strip() for a in text.split(",") if a.strip())
     ranged = any(is_splice(a) for a in allowed)
     unknown = [a for a in arms if a not in allowed and not (ranged and splice_parts(a) is not None)]

@@ -63,7 +63,10 @@ def add_subparser(subparsers) -> None:
                    help="needle depths spread over the filled prefix, plus 4 around and in the tail (default 5)")
     p.add_argument("--seeds", type=int, default=None, help="samples per task, haystack and depth (default 1)")
     p.add_argument("--docs", type=int, default=4, help="long documents per length for the loss metrics (default 4; 0: none)")
-    p.add_argument("--needle-arms", default="all", help=f"arms for the needle tasks (default all: {','.join(A.NEEDLE_ARMS)})")
+    p.add_argument("--needle-arms", default="all",
+                   help=f"arms for the needle tasks (default all: {','.join(A.NEEDLE_ARMS)}); also "
+                        f"{' and '.join(A.LATER_ARMS)}: the question asked second or third on a cached document "
+                        "(niah_multikey samples)")
     p.add_argument("--loss-arms", default="all",
                    help=f"arms for the loss metrics (default all: {','.join(A.LOSS_ARMS)}); also splice:KIND@FIRST-LAST")
     p.add_argument("--splice-layers", default="auto",
@@ -294,7 +297,7 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"sgl-ridgefill eval: unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
     try:
-        needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS)
+        needle_arms = A.parse_arms(args.needle_arms, A.NEEDLE_ARMS, also=A.LATER_ARMS)
         ranges = A.parse_splice_layers(args.splice_layers, split, config["num_hidden_layers"])
         loss_arms = A.with_splice_ranges(A.parse_arms(args.loss_arms, A.LOSS_ARMS), ranges)
         if args.rows_select is not None:
@@ -302,10 +305,16 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
     _check_lengths(args.lengths, args.tail, config, tasks)
+    from ..cpu.environment import is_hybrid_model
+
+    hybrid = is_hybrid_model(model_dir)
+    if hybrid and set(needle_arms) & set(A.LATER_ARMS):
+        raise SystemExit("sgl-ridgefill eval: the later-question arms reuse a cached document (namespace cache "
+                         "mode), which RidgeFill does not serve on hybrid (Gated DeltaNet) models")
     plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
                     longtail={n: A.longtail_tail(config, n, split, args.tail, kind) for n in args.lengths})
     policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"
-    policy_file.write_text(A.rows_policy_text(split, args.tail, args.rows_select))
+    policy_file.write_text(A.rows_policy_text(split, args.tail, args.rows_select, "no_insert" if hybrid else "namespace"))
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     exclude = calibration_ids(args.maps)

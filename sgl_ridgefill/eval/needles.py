@@ -9,7 +9,8 @@ The prompts follow RULER (NVIDIA/RULER ``scripts/data/synthetic``) in base-model
 task template, then the answer prefix, with nothing after it. Six tasks:
 
 - ``niah_single``: one ``One of the special magic numbers for {key} is: {value}.`` needle (7-digit value);
-- ``niah_multikey``: the same plus three needles for other keys (distractors, not in ``needle_spans``);
+- ``niah_multikey``: the same plus three needles for other keys (distractors, not in ``needle_spans``;
+  the later-question arms ask about them first, on the same cached document);
 - ``niah_multivalue``: four needles for one key, all four values asked for;
 - ``niah_multiquery``: four keys with one value each, all four asked for;
 - ``vt``: variable tracking, one chain ``VAR A = 12345``, ``VAR B = VAR A``, ... (1 + 4 hops), after
@@ -73,7 +74,9 @@ class NeedleSample:
     (for cwe: every occurrence of a common word). ``depth``: the first span's start over ``length``.
     ``region``: ``"filled"`` if every span ends by ``length - tail``, ``"tail"`` if every span starts at or
     after it, else ``"straddle"`` (for cwe, whose spans are every occurrence of a common word, usually
-    ``"straddle"``).
+    ``"straddle"``). ``question_len``: the question's tokens at the end of ``input_ids`` (0: not recorded);
+    ``other_questions``: token ids of questions about the document's other needles (niah_multikey: one per
+    distractor key), asked before this sample's own in the later-question arms.
     """
 
     id: str
@@ -86,6 +89,12 @@ class NeedleSample:
     depth: float
     region: str
     max_new_tokens: int
+    question_len: int = 0
+    other_questions: tuple[tuple[int, ...], ...] = ()
+
+    def other_prompt(self, i: int) -> tuple[int, ...]:
+        """The document of this sample followed by its ``i``-th other question."""
+        return self.input_ids[: self.length - self.question_len] + self.other_questions[i]
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -107,6 +116,7 @@ class _Content:
     relevant: tuple[str, ...]
     distractors: tuple[str, ...]
     answers: tuple[str, ...]
+    other_questions: tuple[str, ...] = ()  # about the distractors' keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +263,9 @@ def _build_niah(tok: Any, task: str, length: int, tail: int, position: int, hay:
 
     stream = streams.take(hay, length, seed, exclude_ids)
     ids, spans = _assemble(head, question, length, inserts, stream)
-    return _sample(sample_id, task, hay.name, length, tail, ids, content.answers, spans)
+    sample = _sample(sample_id, task, hay.name, length, tail, ids, content.answers, spans)
+    others = tuple(tuple(_encode(tok, q)) for q in content.other_questions)
+    return dataclasses.replace(sample, question_len=len(question), other_questions=others)
 
 
 def _niah(task: str, rng: random.Random, words: tuple[str, ...]) -> _Content:
@@ -270,7 +282,8 @@ def _niah(task: str, rng: random.Random, words: tuple[str, ...]) -> _Content:
     answers = tuple(v for vs in values[:queried] for v in vs)
     query = keys[0] if queried == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
     header, question = _NIAH_ONE if len(answers) == 1 else _NIAH_ALL
-    return _Content(header, question.format(query=query), tuple(relevant), tuple(distractors), answers)
+    others = tuple(_NIAH_ONE[1].format(query=k) for k in keys[queried:]) if task == "niah_multikey" else ()
+    return _Content(header, question.format(query=query), tuple(relevant), tuple(distractors), answers, others)
 
 
 def _vt(rng: random.Random) -> _Content:

@@ -125,6 +125,11 @@ _QUALITY_POOLED_TAIL = ("--preset", "quality", "--needle-arms", "exact,ridgefill
 # the other two needle tasks (four needles to find, four values or four keys) are fresh prompts for it.
 _QUALITY_POOLED_FRESH = ("--preset", "quality", "--tasks", "niah_multivalue,niah_multiquery",
                          "--needle-arms", "exact,ridgefill,ridgefill+rows", "--loss-arms", "exact", "--rows-select", POOLED_ROWS)
+# Later questions on a cached document (namespace cache mode): the niah_multikey prompts asked first, and asked
+# second or third after questions about the document's other keys filled it and chose its rows (the shipped
+# rows policy's selection, which reads the question).
+_LATER = ("--tasks", "niah_multikey", "--depths", "5", "--seeds", "4", "--docs", "0",
+          "--needle-arms", "exact,ridgefill+rows,ridgefill+rows@q2,ridgefill+rows@q3", "--rows-select", POOLED_TAIL_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
 _SMOL_SPLITS = (15,)
 
@@ -137,6 +142,7 @@ RUNS = (
     Run("qwen2.5-0.5b-s6", "qwen2.5-coder-0.5b", (6, 12), 6, (4096,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
+    Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
     # SmolLM2's context is 8,192 tokens: its longest prompts leave room for the answer.
     Run("smollm2-135m-s15-8k", "smollm2-135m", (8, 15), 15, (8064,), _SHALLOW),
     Run("qwen2.5-0.5b-residual-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY_DIAGNOSTICS,

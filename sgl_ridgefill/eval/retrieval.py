@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .arms import (EXACT, IDENTITY, IDENTITY_ROWS, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_NEEDLE_RANDOM,
+from .arms import (EXACT, IDENTITY, IDENTITY_ROWS, LATER_ARMS, NOFILL_LONGTAIL, RIDGEFILL, RIDGEFILL_NEEDLE_RANDOM,
                    RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_RANDOM, RIDGEFILL_ROWS, arm_sort_key)
 from .stats import bootstrap_mean, interval_fields, json_number, mcnemar, stratified_paired_bootstrap
 
@@ -37,6 +37,9 @@ RETRIEVAL_PAIRS = (
     (RIDGEFILL_NEEDLE_RANDOM, RIDGEFILL),
     (RIDGEFILL_NEEDLE_ROWS, RIDGEFILL_NEEDLE_RANDOM),
     (RIDGEFILL_NEEDLE_ROWS, EXACT),
+    # A question asked second or third on a cached document, against the same question asked first.
+    *((later, RIDGEFILL_ROWS) for later in LATER_ARMS),
+    *((later, EXACT) for later in LATER_ARMS),
 )
 
 Record = Mapping[str, Any]

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import arms as A
+from .arms import RIDGEFILL
 
 CHECK_NEW_TOKENS = 8
 TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, metrics.kl_topk)
@@ -143,14 +144,32 @@ def stock_check(ridgefill: Client, stock: Sequence[str], prompts: Sequence[Seque
 
 
 def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[Any, str]]:
+    """The needle requests left to run; a later-question arm only on samples with enough other questions."""
     for sample in samples:
         for arm in plan.needle_arms:
+            later = A.later_position(arm)
+            if later is not None and len(sample.other_questions) < later - 1:
+                continue
             if not store.has(kind="needle", length=sample.length, task=sample.task, sample=sample.id, arm=arm):
                 yield sample, arm
 
 
 # A needle record's row counts and the meta_info["ridgefill"] keys the server reports them under.
 _REPORTED_ROWS = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
+# A later question's: its needle was filled, or chosen exact, by the questions before it (the cached rows).
+_REPORTED_LATER_ROWS = {"cached_rows": "cached", "cached_exact_rows": "cached_exact", "needle_rows": "watched_cached",
+                        "needle_rows_exact": "watched_cached_exact", "tail_reused_filled": "tail_reused_filled"}
+
+
+def _ask_before(client: Client, sample, custom: dict, later: int) -> None:
+    """The ``later - 1`` questions about the sample's other keys, on its document, before its own: the first
+    fills the document and chooses its rows, each answer enters the cache (the rows policy's namespace)."""
+    client.flush_cache()
+    before = {"ridgefill": {k: v for k, v in custom["ridgefill"].items() if k != "watch_rows"}}
+    for i in range(later - 1):
+        body = {"input_ids": list(sample.other_prompt(i)),
+                "sampling_params": {"max_new_tokens": sample.max_new_tokens, "temperature": 0.0, "custom_params": before}}
+        _check_ran(RIDGEFILL, f"{sample.id} (question {i + 1})", client.generate(body))
 
 
 def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
@@ -160,11 +179,27 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
                           seed=stable_seed(sample.id), needle_spans=sample.needle_spans)
     if custom["ridgefill"].get("arm") not in (None, A.EXACT):  # did the fill arm's selection find the needle?
         custom["ridgefill"]["watch_rows"] = A.needle_rows(sample.needle_spans)
-    out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
+    later = A.later_position(arm)
+    if later is None:
+        out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
+    else:
+        _ask_before(client, sample, custom, later)
+        body = {"input_ids": list(sample.input_ids), "sampling_params": {
+            "max_new_tokens": sample.max_new_tokens, "temperature": 0.0, "custom_params": custom}}
+        start = time.perf_counter()
+        out = client.generate(body)
+        seconds = time.perf_counter() - start
     _check_ran(arm, sample.id, out)
     text = out.get("text", "")
     ran = (out.get("meta_info") or {}).get("ridgefill")
-    rows = {name: ran[k] for name, k in _REPORTED_ROWS.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
+    reported = _REPORTED_ROWS if later is None else _REPORTED_LATER_ROWS
+    rows = {name: ran[k] for name, k in reported.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
+    if later is not None and {"cached_rows", "cached_exact_rows"} <= rows.keys():
+        # The exact rows of its prefix: the cached exact rows but those in its own tail (all of them exact
+        # but the slack the match took filled).
+        boundary = sample.length - plan.tail
+        in_tail = max(rows["cached_rows"] - boundary, 0) - rows.get("tail_reused_filled", 0)
+        rows["exact_rows"] = rows["cached_exact_rows"] - in_tail
     store.add({
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
         "sample": sample.id, "prompt_sha": prompt_sha(sample.input_ids), "arm": arm, "region": sample.region,

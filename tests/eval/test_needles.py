@@ -86,6 +86,24 @@ def test_multikey_distractors_are_not_spans(tok):
     assert [v for v in values if v in span_text] == [sample.answers[0]]
 
 
+def test_multikey_samples_carry_questions_about_their_other_keys(tok):
+    """The later-question arms ask about the distractors' keys first: each other prompt is the sample's own
+    document followed by a question about one of them; other tasks have none."""
+    sample = make_sample(tok, "niah_multikey", 2048, TAIL, 1000)
+    doc = sample.input_ids[: sample.length - sample.question_len]
+    own = tok.decode(list(sample.input_ids[len(doc):]))
+    keys = re.findall(r"magic numbers? for (\S+) is: \d{7}\.", tok.decode(list(doc)))
+    asked = re.search(r"magic number for (\S+) mentioned", own).group(1)
+    assert len(sample.other_questions) == 3 and asked in keys
+    others = []
+    for i in range(3):
+        prompt = sample.other_prompt(i)
+        assert prompt[: len(doc)] == doc
+        others.append(re.search(r"magic number for (\S+) mentioned", tok.decode(list(prompt[len(doc):]))).group(1))
+    assert sorted(others + [asked]) == sorted(keys)
+    assert make_sample(tok, "niah_single", 2048, TAIL, 1000).other_questions == ()
+
+
 def test_vt_spans_are_the_chain(tok):
     sample = make_sample(tok, "vt", 2048, TAIL, 500, seed=1)
     texts = [_decode(tok, sample, s) for s in sample.needle_spans]

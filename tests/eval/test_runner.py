@@ -236,3 +236,40 @@ def test_fill_arms_watch_the_needle_rows_and_record_how_many_ran_exactly(tmp_pat
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [(r["arm"], r.get("needle_rows"), r.get("needle_rows_exact")) for r in records[:2]] == [
         (A.RIDGEFILL_ROWS, 4, 3), (A.RIDGEFILL, 4, 3)]
+
+
+def test_a_later_question_follows_questions_about_the_other_keys_on_the_cached_document(tmp_path):
+    """ridgefill+rows@q3: the cache is emptied once, the two other questions go first on the same document (the
+    first fills it and chooses its rows), then the sample's own question with its needle watched; the record
+    says how much of the needle the cache held exact and how many prefix rows were exact."""
+    import dataclasses
+
+    from sgl_ridgefill.eval.runner import EvalPlan, needle_jobs, run_needle
+
+    class Flushing(_Client):
+        def flush_cache(self):
+            self.bodies.append("flush")
+
+    plan = EvalPlan(split=2, tail=16, lengths=(64,), needle_arms=(A.EXACT, *A.LATER_ARMS), loss_arms=(), longtail={})
+    store = ResultStore(tmp_path / "results.jsonl")
+    sample = dataclasses.replace(_sample(), question_len=4, other_questions=((90, 91, 92), (93, 94)))
+    ran = {"ran": True, "cached": 58, "cached_exact": 14, "tail_reused_filled": 1, "watched_cached": 4,
+           "watched_cached_exact": 1}
+    client = Flushing(" 1234567.", ran)
+    run_needle(client, store, sample, "ridgefill+rows@q3", plan)
+    flush, first, second, own = client.bodies
+    assert flush == "flush"
+    assert first["input_ids"] == list(range(60)) + [90, 91, 92] and second["input_ids"] == list(range(60)) + [93, 94]
+    assert own["input_ids"] == list(range(64))
+    asked = [b["sampling_params"]["custom_params"]["ridgefill"] for b in (first, second, own)]
+    assert asked[0] == asked[1] == {k: v for k, v in asked[2].items() if k != "watch_rows"}
+    assert asked[2]["policy"] == A.ROWS_POLICY and asked[2]["watch_rows"] == [10, 11, 12, 13]
+    record = json.loads((tmp_path / "results.jsonl").read_text())
+    assert (record["arm"], record["score"], record["needle_rows"], record["needle_rows_exact"]) == (
+        "ridgefill+rows@q3", 100.0, 4, 1)
+    # 14 cached exact rows, of which 58 - 48 - 1 = 9 lie in its own tail: 5 exact prefix rows
+    assert (record["cached_rows"], record["exact_rows"]) == (58, 5)
+    # A sample without two other questions gets no @q3 request, one with one gets @q2.
+    one = dataclasses.replace(sample, id="other", other_questions=((90,),))
+    assert [(s.id, arm) for s, arm in needle_jobs(store, [sample, one], plan)] == [
+        (sample.id, A.EXACT), (sample.id, "ridgefill+rows@q2"), ("other", A.EXACT), ("other", "ridgefill+rows@q2")]
