@@ -1,4 +1,4 @@
-"""The engine-free core imports no SGLang: it runs and tests on a bare CPU (STYLE.md, practice 2)."""
+"""The engine-free core imports no SGLang: it runs and tests on a bare CPU (maps, selectors, policy language, kernels, planners, metrics)."""
 
 from __future__ import annotations
 

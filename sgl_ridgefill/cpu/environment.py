@@ -1,6 +1,6 @@
 """The environment and server flags that run SGLang 0.5.23's PyPI wheel on a CPU-only machine.
 
-The recipe (SGLANG_NOTES.md, "CPU"): a stand-in ``sgl_kernel`` first on ``PYTHONPATH``,
+The recipe: a stand-in ``sgl_kernel`` first on ``PYTHONPATH``,
 ``SGLANG_USE_CPU_ENGINE=1`` (drives ``is_cpu()``), ``--device cpu``, a pure-PyTorch attention backend, no
 CUDA graphs. Everything here is scoped to CPU use: nothing is applied unless a caller asks for it.
 

@@ -1,6 +1,6 @@
 """The CPU recipe for SGLang's tensor parallelism and prefill/decode (PD) disaggregation.
 
-Stock SGLang 0.5.23 runs both on a CPU-only machine given a few settings (``DISTRIBUTED_NOTES.md``):
+Stock SGLang 0.5.23 runs both on a CPU-only machine given a few settings:
 
 - **Tensor parallelism** (``--tp-size N``): collectives are ``torch.distributed`` on gloo.
   ``SGLANG_CPU_OMP_THREADS_BIND`` needs one ``|``-separated core group per rank (without it SGLang asserts

@@ -1,4 +1,4 @@
-"""Reading the wrong answers to numeric needles: near misses against misses (QUALITY_NOTES D2).
+"""Reading the wrong answers to numeric needles: near misses against misses.
 
 The niah needles' values are 7-digit numbers. A wrong answer that holds at least :data:`NEAR_DIGITS` of an
 expected value's 7 digits in order (longest common subsequence; one changed, dropped or added digit is

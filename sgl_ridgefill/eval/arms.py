@@ -4,7 +4,7 @@ The RidgeFill server an evaluation talks to runs with a rows policy (``rows_poli
 policy, so an arm without ``"policy"`` gets the policy's selected rows; the arms without rows name the
 shipped ``plain`` policy (no selection). Every arm carries the split and tail explicitly.
 
-Diagnostic arms (QUALITY_NOTES D1, D2):
+Diagnostic arms (where the fill's error sits, and whether the needle's rows are the lever):
 
 - ``splice:KIND@FIRST-LAST`` (loss): the splice on upper layers FIRST..LAST only, the others keep the fill;
   :func:`splice_ranges` gives the default ranges, the filled upper layers cut in two halves;

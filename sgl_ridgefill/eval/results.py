@@ -94,7 +94,7 @@ _LONG_16K = ("--depths", "1", "--docs", "1", "--needle-arms", "exact,nofill,iden
 
 TAIL = 1024
 
-# Choosing the split and the map kind (QUALITY_NOTES: eval sizing, D1-D3): 96 filled-region samples per run,
+# Choosing the split and the map kind: 96 filled-region samples per run (enough to tell a 5-point difference),
 # paired across runs by sample. The reference (residual maps at split 12) and the best kind there (kv+context)
 # also run the needle-row oracle, the random-rows control and the per-layer key splices (13-17, 18-23); the
 # others the headline arms.

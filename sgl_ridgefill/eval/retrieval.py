@@ -1,7 +1,7 @@
 """Needle retrieval tables of one run: mean scores per arm and region, paired differences between arms,
 the exact rows the server ran, and each sample's scores for comparisons across runs.
 
-Every table is broken down by haystack (QUALITY_NOTES D3: RULER's noise haystack is far from the prose
+Every table is broken down by haystack (RULER's noise haystack is far from the prose
 the maps were fitted on): a row's ``haystack`` is ``"all"`` (pooled) or the haystack's name, as the needle
 records name it. Records come from ``results.jsonl`` (``runner.run_needle``), later duplicates already
 dropped (``analysis.latest_records``).
@@ -31,7 +31,7 @@ RETRIEVAL_PAIRS = (
     (RIDGEFILL_ROWS, RIDGEFILL_RANDOM),
     (RIDGEFILL, NOFILL_LONGTAIL),
     (IDENTITY_ROWS, IDENTITY),
-    # The needle-row oracle (QUALITY_NOTES D2): the needle's own rows exact, against the bare fill and
+    # The needle-row oracle: the needle's own rows exact, against the bare fill and
     # against as many random rows.
     (RIDGEFILL_NEEDLE_ROWS, RIDGEFILL),
     (RIDGEFILL_NEEDLE_RANDOM, RIDGEFILL),

@@ -5,7 +5,7 @@ The needle samples are every task x haystack x seed x depth of ``needles.depth_g
 over the filled prefix plus four around the tail boundary, of which two (256 and 32 tokens before it) are
 in the filled prefix too. So a niah task gives ``haystacks x seeds x (depths + 2)`` filled-region samples
 (cwe: one straddling sample per seed). Telling a 5-point retrieval difference from noise takes about 100
-paired filled-region samples (QUALITY_NOTES, eval sizing): the ``quality`` preset gives 2 x 2 x 2 x 12 = 96.
+paired filled-region samples: the ``quality`` preset gives 2 x 2 x 2 x 12 = 96.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SGLang's Triton extend-attention kernel, loaded from copies of its files without importing SGLang.
 
-The GPU machine the project borrows has torch and triton but no SGLang (GPU_NOTES §6). SGLang 0.5.23's
+A bare GPU machine often has torch and triton but no SGLang. SGLang 0.5.23's
 extend kernel lives in three files of ``sglang/kernels/ops/attention/`` (:data:`SGL_FILES`) that need
 only torch and triton, apart from a few SGLang imports: ``envs`` (feature switches, all off here), the
 device predicates of ``sglang.srt.utils`` and, lazily in an MLA-only path, ``get_exec``. Small stand-ins

@@ -65,8 +65,8 @@ def served_model(model: pathlib.Path, maps: pathlib.Path, split: int | None, tai
 
 def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path:
     """The RidgeFill server's own policy, also selected by name (``soak-namespace``): rows selected by the
-    attention of the last 8 prompt tokens and of the 8 before the tail (both windows RELIABILITY_FINDINGS C5
-    reaches after a radix hit), and a cache namespace, so that requests naming it share filled KV among
+    attention of the last 8 prompt tokens and of the 8 before the tail (both windows a radix hit can cut into:
+    the query rows must still be found when the cache holds part of the prompt), and a cache namespace, so that requests naming it share filled KV among
     themselves. The server's ``--ridgefill-cache-mode no_insert`` keeps the default requests out of it."""
     layer = split - 1  # an attention layer below the split (the tiny model and Qwen2.5 attend in every layer)
     window = f"q=8, share=5%, layers=[{layer}]"

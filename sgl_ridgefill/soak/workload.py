@@ -216,7 +216,7 @@ class _Builder:
 
     def _sampling_mask(self, index: int) -> Job:
         # SGLang refuses return_sampling_mask unless top_k is 1 or bounded; temperature 1 keeps the default
-        # top_k, so the scheduler drops the Req it created (RELIABILITY_FINDINGS C1's trigger).
+        # top_k, so the scheduler drops the Req it created (a refused request whose rid a later request may reuse).
         ids, shared = self.prompts.draw()
         ridgefill = self.rng.choice([NO_PARAMS, {}, {"arm": "identity"}])
         call = Call(ids, self.new_tokens(), ridgefill, rid=self.rid(index), extra=(("return_sampling_mask", True),),
@@ -250,7 +250,7 @@ class _Builder:
 
     def _rid_reuse(self, index: int) -> Job:
         """A rid that was refused (or finished) is reused by an exact request, which must run exactly on its
-        own prompt (RELIABILITY_FINDINGS C1)."""
+        own prompt, never on the refused request's plan."""
         rid = self.rid(index)
         first_kind = self.rng.choice(["sampling_mask", "bad_params", "finished"])
         first = self.job(index, first_kind if first_kind != "finished" else "ridgefill").calls[0]
@@ -279,7 +279,7 @@ class _Builder:
     # ------------------------------------------------------------------ sessions
     def _session(self, index: int) -> Job:
         """Two or three turns; each turn's prompt is the history (earlier turns and their outputs) plus its
-        own tokens, so a turn's arm applies to the whole concatenation (RELIABILITY_FINDINGS C3)."""
+        own tokens, so a turn's arm applies to the whole concatenation, planned from what the scheduler actually runs."""
         turns, calls, total = self.rng.randint(2, 3), [], 0
         budget = self.shape.longest - turns * MAX_NEW_TOKENS
         for t in range(turns):

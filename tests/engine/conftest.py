@@ -87,7 +87,7 @@ HYBRID_LAYERS = 8
 HYBRID_HIDDEN = 64
 TERMINAL_FILE = "terminal_state.safetensors"
 
-# What a CPU engine needs for a hybrid model besides cpu_engine_kwargs (HYBRID_NOTES.md, CPU recipe).
+# What a CPU engine needs for a hybrid model besides cpu_engine_kwargs (the CPU recipe for Gated DeltaNet).
 # The static fraction is of the memory free at startup: a larger share than the dense tests' 0.05 keeps a
 # shared machine's fluctuations from leaving the state cache nothing (the KV pool stays capped by
 # max_total_tokens).

@@ -1,4 +1,4 @@
-"""The reliability findings that need a real server (RELIABILITY_FINDINGS.md): one request, however odd,
+"""The reliability findings that need a real server: one request, however odd,
 must neither stop the scheduler nor be served filled KV it did not ask for.
 
 One CPU server runs them all: RidgeFill in namespace mode with an attention-selecting server policy,

@@ -14,7 +14,7 @@ N_RESAMPLES = 300
 
 
 def test_speed_bound():
-    # QUALITY_NOTES idea 2: at 4K with T = 1024 on 24 layers, r = 0.625 / 0.688 / 0.75 for S = 12 / 14 / 16.
+    # At 4K with T = 1024 on 24 layers, r = 0.625 / 0.688 / 0.75 for S = 12 / 14 / 16.
     assert speed_bound(12, 24, 1024, 4096) == pytest.approx(1 / 0.625)
     assert 1 / speed_bound(14, 24, 1024, 4096) == pytest.approx(0.6875)
     assert 1 / speed_bound(16, 24, 1024, 16384) == pytest.approx(2 / 3 + 1 / 3 * 1024 / 16384)

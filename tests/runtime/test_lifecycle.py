@@ -1,7 +1,8 @@
 """A request's RidgeFill state lives on SGLang's ``Req``: admitted at creation, bound to the final prompt when
 the request enters a batch, released on every path out. Driven through the real hooks of ``patches.py``
 with stand-ins for SGLang's ``Req`` and ``_create_generation_req`` (no engine needed); each test names the
-finding of RELIABILITY_FINDINGS it pins."""
+reliability finding it pins (C1, C5, ...: a request, however odd, must neither stop the scheduler nor
+be served filled KV it did not ask for)."""
 
 from __future__ import annotations
 
