@@ -23,6 +23,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger("sgl_ridgefill")
@@ -61,17 +62,11 @@ PD_DESCRIBE = "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf"
 PD_BOOTSTRAP = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap"
 PD_RECEIVE = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
 PD_CPU_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
-ALWAYS_TARGETS = (ADD_CLI_ARGS, VALIDATE_REQUEST, GENERATE, PD_RECEIVE, PD_CPU_SENDER)
 # Only under the CPU recipe (the sgl_kernel stand-in first on the path): the gated norm of Gated DeltaNet layers.
 GATED_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
 FUSED_GATED_NORM = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"  # Qwen3-Next
 NEXT_GDN_INIT = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
 SHARED_EXPERT_GATE = "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add"  # Qwen2/3 MoE blocks
-CPU_TARGETS = (GATED_NORM, FUSED_GATED_NORM, NEXT_GDN_INIT, SHARED_EXPERT_GATE)
-ENABLED_TARGETS = (
-    LOAD_MODEL, INIT_ATTENTION, CREATE_REQ, PUBLISH_BATCH, MATCH_LIMIT, RELEASE_KV, PREFILL_GRAPH, DECODE_GRAPH,
-    REQUEST_LEVEL_INFO, *WEIGHT_UPDATES, *MODEL_FORWARDS, PD_SEND, PD_DESCRIBE, PD_BOOTSTRAP,
-)
 NAMESPACE_MARK = "|rf:"
 
 
@@ -546,43 +541,88 @@ def after_finalize_bootstrap(result: Any, queue: Any, req: Any, *args: Any, **kw
 
 
 # ----------------------------------------------------------------------------- registration
+ALWAYS, CPU, ENABLED = "always", "cpu", "enabled"  # every process; the CPU recipe; --prefill-backend ridgefill
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One change to SGLang: ``function`` on ``targets`` (dotted names), ``when`` it applies; an ``after_*``
+    function runs after the target, an ``around_*`` one instead of it (given the original first)."""
+
+    targets: tuple[str, ...]
+    function: Callable
+    when: str
+
+    @property
+    def kind(self) -> str:
+        return self.function.__name__.split("_", 1)[0]
+
+
+# Every hook, once, in registration order.
+HOOKS: tuple[Hook, ...] = (
+    Hook((ADD_CLI_ARGS,), after_add_cli_args, ALWAYS),
+    Hook((VALIDATE_REQUEST,), after_validate_one_request, ALWAYS),
+    Hook((GENERATE,), around_generate_request, ALWAYS),
+    Hook((PD_RECEIVE,), after_commit_transfer, ALWAYS),
+    Hook((PD_CPU_SENDER,), after_mooncake_sender_init, ALWAYS),
+    Hook((GATED_NORM,), around_gated_norm_forward, CPU),
+    Hook((FUSED_GATED_NORM,), around_fused_gated_norm_forward, CPU),
+    Hook((NEXT_GDN_INIT,), around_next_gdn_init, CPU),
+    Hook((SHARED_EXPERT_GATE,), around_shared_expert_gate, CPU),
+    Hook((LOAD_MODEL,), after_load_model, ENABLED),
+    Hook((INIT_ATTENTION,), after_init_attention_backends, ENABLED),
+    Hook((CREATE_REQ,), around_create_generation_req, ENABLED),
+    Hook((PUBLISH_BATCH,), around_init_new, ENABLED),
+    Hook((MATCH_LIMIT,), around_compute_max_prefix_len, ENABLED),
+    Hook((RELEASE_KV,), around_release_kv_cache, ENABLED),
+    Hook((PREFILL_GRAPH,), around_prefill_graph, ENABLED),
+    Hook((DECODE_GRAPH,), around_decode_graph, ENABLED),
+    Hook((REQUEST_LEVEL_INFO,), around_request_level_info, ENABLED),
+    Hook(WEIGHT_UPDATES, after_weight_update, ENABLED),
+    Hook(MODEL_FORWARDS, around_model_forward, ENABLED),
+    Hook((PD_SEND,), around_send_kv_chunk, ENABLED),
+    Hook((PD_DESCRIBE,), after_set_buf, ENABLED),
+    Hook((PD_BOOTSTRAP,), after_finalize_bootstrap, ENABLED),
+)
+for _hook in HOOKS:
+    assert _hook.kind in ("after", "around") and _hook.when in (ALWAYS, CPU, ENABLED), _hook
+
+
+def targets(*when: str) -> tuple[str, ...]:
+    """The dotted targets of the hooks that apply ``when``, in registration order."""
+    return tuple(t for hook in HOOKS if hook.when in when for t in hook.targets)
+
+
+ALWAYS_TARGETS, CPU_TARGETS, ENABLED_TARGETS = targets(ALWAYS), targets(CPU), targets(ENABLED)
+
+
+_WHEN_TEXT = {ALWAYS: "always", CPU: "CPU recipe", ENABLED: "RidgeFill on"}
+
+
+def hooks_markdown() -> str:
+    """The README's table of hooks: what each patches, how, and when."""
+    lines = ["| SGLang target | hook | when |", "|---|---|---|"]
+    for hook in HOOKS:
+        shown = ", ".join(f"`{t}`" for t in hook.targets)
+        lines.append(f"| {shown} | `{hook.function.__name__}` ({hook.kind.upper()}) | {_WHEN_TEXT[hook.when]} |")
+    return "\n".join(lines) + "\n"
+
+
 def register_hooks(enabled: bool) -> tuple[str, ...]:
-    """Register the hooks in order; returns the dotted targets that must be patched."""
+    """Register the hooks of :data:`HOOKS` that apply to this process, in order (and the attention backends,
+    which SGLang registers by name, not through hooks); returns the dotted targets that must be patched."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
-    HookRegistry.register(VALIDATE_REQUEST, after_validate_one_request, HookType.AFTER)
-    HookRegistry.register(GENERATE, around_generate_request, HookType.AROUND)
-    HookRegistry.register(PD_RECEIVE, after_commit_transfer, HookType.AFTER)
-    HookRegistry.register(PD_CPU_SENDER, after_mooncake_sender_init, HookType.AFTER)
+    kinds = {"after": HookType.AFTER, "around": HookType.AROUND}
+    when = (ALWAYS, *((CPU,) if _cpu_shim_active() else ()), *((ENABLED,) if enabled else ()))
     _register_attention_backend()
-    always = ALWAYS_TARGETS
-    if _cpu_shim_active():
-        HookRegistry.register(GATED_NORM, around_gated_norm_forward, HookType.AROUND)
-        HookRegistry.register(FUSED_GATED_NORM, around_fused_gated_norm_forward, HookType.AROUND)
-        HookRegistry.register(NEXT_GDN_INIT, around_next_gdn_init, HookType.AROUND)
-        HookRegistry.register(SHARED_EXPERT_GATE, around_shared_expert_gate, HookType.AROUND)
-        always += CPU_TARGETS
-    if not enabled:
-        return always
-    _wrap_gpu_backends()
-    HookRegistry.register(LOAD_MODEL, after_load_model, HookType.AFTER)
-    HookRegistry.register(INIT_ATTENTION, after_init_attention_backends, HookType.AFTER)
-    HookRegistry.register(CREATE_REQ, around_create_generation_req, HookType.AROUND)
-    HookRegistry.register(PUBLISH_BATCH, around_init_new, HookType.AROUND)
-    HookRegistry.register(MATCH_LIMIT, around_compute_max_prefix_len, HookType.AROUND)
-    HookRegistry.register(RELEASE_KV, around_release_kv_cache, HookType.AROUND)
-    HookRegistry.register(PREFILL_GRAPH, around_prefill_graph, HookType.AROUND)
-    HookRegistry.register(DECODE_GRAPH, around_decode_graph, HookType.AROUND)
-    HookRegistry.register(REQUEST_LEVEL_INFO, around_request_level_info, HookType.AROUND)
-    for target in WEIGHT_UPDATES:
-        HookRegistry.register(target, after_weight_update, HookType.AFTER)
-    for target in MODEL_FORWARDS:
-        HookRegistry.register(target, around_model_forward, HookType.AROUND)
-    HookRegistry.register(PD_SEND, around_send_kv_chunk, HookType.AROUND)
-    HookRegistry.register(PD_DESCRIBE, after_set_buf, HookType.AFTER)
-    HookRegistry.register(PD_BOOTSTRAP, after_finalize_bootstrap, HookType.AFTER)
-    return always + ENABLED_TARGETS
+    if enabled:
+        _wrap_gpu_backends()
+    for hook in HOOKS:
+        if hook.when in when:
+            for target in hook.targets:
+                HookRegistry.register(target, hook.function, kinds[hook.kind])
+    return targets(*when)
 
 
 def missing_hooks(targets: tuple[str, ...]) -> list[str]:
@@ -643,7 +683,7 @@ def verify_hooks(targets: tuple[str, ...]) -> None:
 # ----------------------------------------------------------------------------- client side: frontend programs
 # This section runs in the client process of an ``@sgl.function`` program, not in SGLang's server
 # processes, so it is neither registered through HookRegistry (which the server's plugin loader applies)
-# nor in ALWAYS_TARGETS / ENABLED_TARGETS: the first ``RidgeFillEndpoint`` installs it, and each endpoint
+# nor in HOOKS: the first ``RidgeFillEndpoint`` installs it, and each endpoint
 # method checks that its request went through it (``frontend.py``).
 HTTP_REQUEST = "sglang.lang.backend.runtime_endpoint.http_request"
 CLIENT_TARGETS = (HTTP_REQUEST,)

@@ -178,3 +178,17 @@ def test_a_plugin_loaded_after_ridgefill_keeps_its_hooks_on_the_same_targets():
     proc = run("missing")
     assert proc.returncode != 0 and "did not take effect: sglang.srt.managers.scheduler.Scheduler.no_such_method" in (
         proc.stderr + proc.stdout)
+
+
+def test_every_hook_is_declared_once_and_the_readme_lists_them():
+    """One table (patches.HOOKS) gives the registration, the targets verified at startup and the README's list."""
+    import pathlib
+
+    from sgl_ridgefill import patches
+
+    every = [t for hook in patches.HOOKS for t in hook.targets]
+    assert len(every) == len(set(every)), "a target hooked twice"
+    assert set(every) == set(patches.ALWAYS_TARGETS + patches.CPU_TARGETS + patches.ENABLED_TARGETS)
+    assert patches.CREATE_REQ in patches.ENABLED_TARGETS and patches.GENERATE in patches.ALWAYS_TARGETS
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert patches.hooks_markdown() in readme
