@@ -35,6 +35,7 @@ class ServerConfig:
     cache_mode: str | None = None
     map_dtype: str = "auto"
     map_residence: str = "device"
+    map_slots: int = 2
     diagnostics: bool = False
     request_policies: tuple[str, ...] = ()  # () only the server's own policy; ("all",) every shipped one
     max_tail: int | None = None

@@ -205,6 +205,11 @@ SETTINGS: tuple[Setting, ...] = (
                   help="`device` (default): the maps stay in the GPU's memory; `host`: in pinned host memory, each "
                        "upper layer's map copied to the device on a side stream ahead of its use (saves their "
                        "size in device memory, costs one copy per layer and fill)"),
+    IntSetting(name="map_slots", minimum=2, default=2, metavar="N",
+               help="with `--ridgefill-map-residence host`: how many upper layers' maps each split keeps on the "
+                    "device at once (default 2); more slots copy further ahead, the next chunk's first layers "
+                    "while its lower layers run, so a copy slower than one layer's fill can still hide "
+                    "(`sgl-ridgefill gpu-check`'s estimate says how many)"),
     SwitchSetting(
         name="diagnostics",
         help=f"lets clients use the diagnostic request keys and values ({diagnostic_summary()}) and select any "

@@ -29,6 +29,7 @@ SAMPLES = {
     "cache_mode": ("namespace", "namespace"),
     "map_dtype": ("int8", "int8"),
     "map_residence": ("host", "host"),
+    "map_slots": ("4", 4),
     "diagnostics": ("1", True),
     "request_policies": ("a, b", ("a", "b")),
     "max_tail": ("4096", 4096),

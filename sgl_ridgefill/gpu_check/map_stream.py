@@ -1,17 +1,20 @@
 """What streaming the maps from host memory (``--ridgefill-map-residence host``) would cost on an H200:
-per upper layer, the map's copy against the fill it overlaps (estimates; nothing here runs on a GPU).
+per upper layer, the map's copy against the compute it overlaps (estimates; nothing here runs on a GPU).
 
-``runtime/map_stream.py`` keeps two layers' maps on the device: when the fill of a chunk takes layer ``l``'s
-map, layer ``l + 1``'s starts copying on a side stream, so each copy hides behind one layer's fill of that
-chunk's filled rows (the map product, and the K/V projection for the kinds that predict the layer's input);
-the first upper layer's copy hides behind the lower layers. Every chunk's fill copies every upper layer once.
-Per model shape, map kind and prompt length (tail 4,096, chunks of :data:`estimates.CHUNK_ROWS` rows):
+``runtime/map_stream.py`` keeps a ring of ``--ridgefill-map-slots`` layers' maps on the device; copies run
+on a side stream in layer order, each into the slot the fill of the layer ``slots`` before it has released,
+so the next chunk's first layers copy while its lower layers run. :func:`exposed_ms` simulates that ring per
+chunk (copies back to back at :data:`H2D_GBPS`, each fill waiting for its copy), and :func:`slots_to_hide`
+finds the fewest slots whose copies the compute hides. Every chunk's fill copies every upper layer once. Per
+model shape, map kind and prompt length (tail 4,096, chunks of :data:`estimates.CHUNK_ROWS` rows):
 
 - ``map_mib``: one upper layer's bf16 map; ``resident_mib``: all of them (what host residence saves on the GPU);
-- ``copy_ms``: one layer's copy at :data:`H2D_GBPS`; ``fill_ms``: one layer's fill of a full chunk's filled
-  rows at the GEMM rate; ``layer_ms``: one lower layer's whole forward of that chunk (for scale);
-- ``exposed_ms``: copy time not hidden behind the fill, summed over every chunk's upper layers: what host
-  residence adds to one request's TTFT by this model.
+- ``copy_ms``: one layer's copy; ``fill_ms``: one layer's fill of a full chunk's filled rows at the GEMM rate
+  (the map product, and the K/V projection for the kinds that predict the layer's input); ``layer_ms``: one
+  lower layer's whole forward of that chunk;
+- ``exposed_ms``: copy time the compute does not hide with the default two slots, summed over the chunks:
+  what host residence adds to one request's TTFT by this model; ``slots_to_hide`` and ``slots_mib``: the
+  fewest slots that hide it (``--ridgefill-map-slots``) and the device memory they hold.
 """
 
 from __future__ import annotations
@@ -42,17 +45,54 @@ def stream_record(shape: str, kind_name: str, length: int, tail: int = TAIL) -> 
             chunks.append(filled)
     copy_ms = map_bytes / (H2D_GBPS * 1e9) * 1e3
     fill_ms = [rows * kind.fill_flops(d, kv) / rate * 1e3 for rows in chunks]
-    exposed = sum((upper - 1) * max(0.0, copy_ms - f) for f in fill_ms)  # the first layer's copy hides below
     rows = min(length, estimates.CHUNK_ROWS)
+    lower_ms = []  # each filled chunk's lower layers: what the ring's first copies run behind
+    for i, filled in enumerate(chunks):
+        n = min(estimates.CHUNK_ROWS, length - i * estimates.CHUNK_ROWS)
+        attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(i * estimates.CHUNK_ROWS, n)
+        lower_ms.append(split * (n * 2 * dims.layer_params / rate
+                                 + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3)
     attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(0, rows)
     layer_ms = (rows * 2 * dims.layer_params / rate + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3
+    exposed = exposed_ms(copy_ms, fill_ms, lower_ms, upper, slots=2)
+    hide = slots_to_hide(copy_ms, fill_ms, lower_ms, upper)
     return {
         "shape": shape, "kind": kind_name, "length": length, "tail": tail, "split": split, "upper_layers": upper,
         "chunks_filled": len(chunks), "map_mib": round(map_bytes / 2**20, 2),
         "resident_mib": round(upper * map_bytes / 2**20, 1), "copy_ms": round(copy_ms, 3),
         "fill_ms": round(max(fill_ms), 3), "layer_ms": round(layer_ms, 3),
-        "hidden": all(copy_ms <= f for f in fill_ms), "exposed_ms": round(exposed, 2),
+        "hidden": exposed <= 0.005, "exposed_ms": round(exposed, 2), "slots_to_hide": hide,
+        "slots_mib": round(hide * map_bytes / 2**20, 1),
     }
+
+
+def exposed_ms(copy_ms: float, fill_ms: list[float], lower_ms: list[float], layers: int, *, slots: int) -> float:
+    """The ring's copy time not hidden, summed over chunks: per chunk, its lower layers run for ``lower_ms``
+    while the copies of its first ``slots`` upper layers proceed (their slots were freed by the previous
+    chunk's fill; the first chunk starts from the ring filled when the previous request ended, taken as
+    empty here: a pessimistic start); then layer ``m``'s fill (``fill_ms`` each) starts once its copy has
+    landed and layer ``m - 1``'s fill is done, and copy ``m`` starts once copy ``m - 1`` is done and the fill
+    of layer ``m - slots`` has released its slot. Exposed: the upper phase's length past ``layers`` fills."""
+    total = 0.0
+    slots = min(slots, layers)
+    for fill, lower in zip(fill_ms, lower_ms):
+        copy_end: list[float] = []
+        fill_end: list[float] = []
+        for m in range(layers):
+            start = max(copy_end[-1] if copy_end else 0.0, fill_end[m - slots] if m >= slots else 0.0)
+            copy_end.append(start + copy_ms)
+            fill_end.append(max(fill_end[-1] if fill_end else lower, copy_end[m]) + fill)
+        total += fill_end[-1] - (lower + layers * fill)
+    return total
+
+
+def slots_to_hide(copy_ms: float, fill_ms: list[float], lower_ms: list[float], layers: int) -> int:
+    """The fewest ring slots (2 at least) whose copies the lower layers and the fills hide (exposed under
+    5 us per request); ``layers`` (the maps all on the device) when none does."""
+    for slots in range(2, layers + 1):
+        if exposed_ms(copy_ms, fill_ms, lower_ms, layers, slots=slots) <= 0.005:
+            return slots
+    return layers
 
 
 def records(shapes=tuple(estimates.SHAPES), lengths=estimates.LENGTHS, kinds=tuple(MAP_KINDS)) -> list[dict[str, Any]]:
@@ -61,17 +101,21 @@ def records(shapes=tuple(estimates.SHAPES), lengths=estimates.LENGTHS, kinds=tup
 
 COLUMNS = (("shape", "shape", "s"), ("kind", "map kind", "s"), ("length", "N", "d"),
            ("map_mib", "map MiB/layer", ".1f"), ("resident_mib", "resident MiB", ".0f"), ("copy_ms", "copy ms", ".3f"),
-           ("fill_ms", "fill ms", ".3f"), ("layer_ms", "lower layer ms", ".3f"), ("exposed_ms", "exposed ms", ".2f"))
+           ("fill_ms", "fill ms", ".3f"), ("layer_ms", "lower layer ms", ".3f"), ("exposed_ms", "exposed ms (2 slots)", ".2f"),
+           ("slots_to_hide", "slots to hide", "d"), ("slots_mib", "their MiB", ".0f"))
 
 
 def markdown(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "", "## Maps streamed from host memory", "",
         f"`--ridgefill-map-residence host`: each upper layer's bf16 map copied to the device once per chunk's fill, "
-        f"at {H2D_GBPS:.0f} GB/s (pinned, PCIe Gen5: an estimate), overlapping the previous layer's fill of that "
-        f"chunk (tail {TAIL:,}, chunks of {estimates.CHUNK_ROWS:,} rows). `fill ms`: one layer's fill of a full "
-        "chunk's filled rows; `lower layer ms`: one lower layer's forward of a chunk, for scale; `exposed ms`: copy "
-        "time the fill does not hide, per request (estimates; `sgl_ridgefill/gpu_check/map_stream.py`).", "",
+        f"at {H2D_GBPS:.0f} GB/s (pinned, PCIe Gen5: an estimate), through a ring of `--ridgefill-map-slots` device "
+        f"buffers filled in layer order, the next chunk's first layers during its lower layers (tail {TAIL:,}, "
+        f"chunks of {estimates.CHUNK_ROWS:,} rows). `fill ms`: one layer's fill of a full chunk's filled rows; "
+        "`lower layer ms`: one lower layer's forward of a chunk; `exposed ms (2 slots)`: copy time the compute "
+        "does not hide with the default ring, per request; `slots to hide`: the fewest slots that hide it, and the "
+        "device memory they hold (against `resident MiB` for the maps all on the device). Estimates: a simulation "
+        "of the ring (`sgl_ridgefill/gpu_check/map_stream.py`).", "",
         "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
     ]

@@ -172,7 +172,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         dtype = _DTYPES.get(config.map_dtype, inner.embed_tokens.weight.dtype)
         maps = MapsStore(maps_folder, list(maps_folder.splits), dtype=dtype, device=inner.embed_tokens.weight.device,
                          hidden_size=adapter.shape.hidden_size, kv_dim=adapter.shape.kv_dim,
-                         compute_dtype=inner.embed_tokens.weight.dtype, residence=config.map_residence)
+                         compute_dtype=inner.embed_tokens.weight.dtype, residence=config.map_residence,
+                         slots=config.map_slots)
         if tp is not None:  # one map kernel on every rank: the ranks' fills then agree bit for bit
             maps.map_backends = tp.from_first(lambda: maps.map_backends)
     token_table = _token_table(runner)
@@ -206,7 +207,8 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     )
     resident = maps.resident_bytes if maps is not None else 0
     streamed = "" if maps is None or maps.residence != "host" else (
-        f" (streamed from {maps.host_bytes / 2**20:.1f} MiB of pinned host memory, two layers per split on the device)")
+        f" (streamed from {maps.host_bytes / 2**20:.1f} MiB of pinned host memory, {config.map_slots} layers per "
+        "split on the device)")
     if pd_prefill:
         logger.info("RidgeFill on a PD prefill worker: a RidgeFill request's KV is sent once its prefill is "
                     "complete; nofill requests run exact; cache mode no_insert")

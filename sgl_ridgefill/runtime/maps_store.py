@@ -6,7 +6,7 @@ stay in their group-wise int8 layout (the map kernel dequantises inside the prod
 memory against bf16; other dtypes hold dequantised maps. Whether the Triton map kernel or cuBLAS applies
 them is measured once per map shape at construction (``kernels/choose.py``; the reference off CUDA). With
 ``residence="host"`` (``--ridgefill-map-residence host``) the maps stay in pinned host memory and each upper
-layer's map is streamed to the device ahead of its use (``map_stream.py``).
+layer's map is streamed to the device ahead of its use through ``slots`` device buffers (``map_stream.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..kernels.choose import fastest_map_backend
 from ..kernels.map_apply import apply_map, apply_map_int8
 from ..maps import MapsError
 from ..vocabulary import MAP_RESIDENCES
-from .map_stream import StreamedMaps
+from .map_stream import DEFAULT_SLOTS, StreamedMaps
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class MapsStore:
 
     def __init__(
         self, folder, splits: list[int], *, dtype: torch.dtype, device: torch.device | str, hidden_size: int,
-        kv_dim: int, compute_dtype: torch.dtype | None = None, residence: str = "device",
+        kv_dim: int, compute_dtype: torch.dtype | None = None, residence: str = "device", slots: int = DEFAULT_SLOTS,
     ):
         if residence not in RESIDENCES:
             raise MapsError(f"map residence must be one of {', '.join(RESIDENCES)}, got {residence!r}")
@@ -65,7 +65,8 @@ class MapsStore:
                 self._maps[split] = (a.contiguous(), b.to(dtype).contiguous())
         self.residence = residence
         self._streams = {
-            split: StreamedMaps([t for t in parts if torch.is_tensor(t)], device) for split, parts in self._maps.items()
+            split: StreamedMaps([t for t in parts if torch.is_tensor(t)], device, slots)
+            for split, parts in self._maps.items()
         } if residence == "host" else {}
         choices = {
             split: fastest_map_backend(
@@ -110,7 +111,7 @@ class MapsStore:
 
     @property
     def resident_bytes(self) -> int:
-        """Device memory the maps hold (with host residence: the two streaming slots of each split)."""
+        """Device memory the maps hold (with host residence: the streaming slots of each split)."""
         if self._streams:
             return sum(s.device_bytes for s in self._streams.values())
         return self.host_bytes

@@ -76,8 +76,22 @@ def test_streamed_maps_estimate_counts_every_chunks_copies(monkeypatch):
     assert r["map_mib"] == 32.01 and r["resident_mib"] == 640.2  # A [4096, 4096] and b in bfloat16
     assert r["copy_ms"] == round(32 * 2**20 * (1 + 1 / 4096) / 50e9 * 1e3, 3)
     assert not r["hidden"] and r["exposed_ms"] > 0  # a 32 MiB copy outlasts one layer's fill of 8,192 rows
+    # more slots copy the next chunk's first layers behind its lower layers; enough of them hide the copies
+    assert 2 < r["slots_to_hide"] < r["upper_layers"] and r["slots_mib"] < r["resident_mib"]
     monkeypatch.setattr(map_stream, "H2D_GBPS", 1e4)  # a copy far faster than the fill hides entirely
     fast = map_stream.stream_record("llama-3.1-8b", "residual", 16384)
     assert fast["hidden"] and fast["exposed_ms"] == 0.0
     assert len(map_stream.records()) == len(map_stream.estimates.SHAPES) * 4 * len(map_stream.estimates.LENGTHS)
     assert "## Maps streamed from host memory" in "\n".join(map_stream.markdown([r]))
+
+
+def test_the_ring_simulation_by_hand():
+    """Copies of 1 ms, fills of 1 ms, 4 layers, 2 slots: with no lower layers to run behind, the first copy is
+    exposed (1 ms); behind 10 ms of lower layers nothing is. A copy twice a fill needs more slots."""
+    from sgl_ridgefill.gpu_check.map_stream import exposed_ms, slots_to_hide
+
+    assert exposed_ms(1.0, [1.0], [0.0], 4, slots=2) == 1.0
+    assert exposed_ms(1.0, [1.0], [10.0], 4, slots=2) == 0.0
+    slow = [exposed_ms(2.0, [1.0], [10.0], 8, slots=k) for k in (2, 3, 4, 5, 8)]
+    assert slow == sorted(slow, reverse=True) and slow[0] > 0 and slow[-1] == 0.0
+    assert slots_to_hide(2.0, [1.0], [10.0], 8) == next(k for k in range(2, 9) if exposed_ms(2.0, [1.0], [10.0], 8, slots=k) <= 0.005)
