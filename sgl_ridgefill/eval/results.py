@@ -4,7 +4,7 @@ split, copy each report next to it, and join them.
     python -m sgl_ridgefill.eval.results                 # everything (hours on a 2-core CPU; resumable)
     python -m sgl_ridgefill.eval.results --only qwen2.5-0.5b-s12
     python -m sgl_ridgefill.eval.results --only-group choose-split   # the map kind x split comparison
-    python -m sgl_ridgefill.eval.results --list          # print each run's calibrate and eval commands
+    python -m sgl_ridgefill.eval.results --list          # each run's status and its calibrate and eval commands
     python -m sgl_ridgefill.eval.results --report-only   # rewrite each run's report from its raw results
     python -m sgl_ridgefill.eval.results --render-only   # rejoin the reports already in docs/results/
 
@@ -34,6 +34,8 @@ CALIBRATION_TOKENS = 200_000
 RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written before kinds (manifest without map_kind)
 MAP_KINDS = tuple(kinds.MAP_KINDS)
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
+QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, against the question-aware ones
+GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +132,17 @@ _QUALITY_POOLED_FRESH = ("--preset", "quality", "--tasks", "niah_multivalue,niah
 # rows policy's selection, which reads the question).
 _LATER = ("--tasks", "niah_multikey", "--depths", "5", "--seeds", "4", "--docs", "0",
           "--needle-arms", "exact,ridgefill+rows,ridgefill+rows@q2,ridgefill+rows@q3", "--rows-select", POOLED_TAIL_ROWS)
+# Rows chosen without the question (a cache that serves several questions chooses them before it knows the
+# next one): the paper's control, the attention of the 64 tokens before the tail, and the same with up to 3 % of
+# the prefix for digit tokens (numbers are rare and often what is asked for); against the shipped selection,
+# which reads the question, on the same 96 filled-region samples (the exact arm runs once, in the first).
+BLIND_ROWS = 'attention_topk(q=64, share=10%, layers=[3, 7, 11], query="before_tail", pool=8)'
+BLIND_DIGITS_ROWS = BLIND_ROWS + " budget 10% reserve digits() up to 3%"
+_AWARE = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
+          "--rows-select", POOLED_TAIL_ROWS)
+_BLIND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows", "--rows-select", BLIND_ROWS)
+_BLIND_DIGITS = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows",
+                 "--rows-select", BLIND_DIGITS_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
 _SMOL_SPLITS = (15,)
 
@@ -143,6 +156,10 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
     Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
+    Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
+    Run("qwen2.5-0.5b-s12-blind-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND, group=QUESTION_BLIND),
+    Run("qwen2.5-0.5b-s12-blind-digits-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND_DIGITS,
+        group=QUESTION_BLIND),
     # SmolLM2's context is 8,192 tokens: its longest prompts leave room for the answer.
     Run("smollm2-135m-s15-8k", "smollm2-135m", (8, 15), 15, (8064,), _SHALLOW),
     Run("qwen2.5-0.5b-residual-s12-q", "qwen2.5-coder-0.5b", _QWEN_SPLITS, 12, (4096,), _QUALITY_DIAGNOSTICS,
@@ -188,6 +205,19 @@ def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT
             for run in runs if run.group == group for length in run.lengths]
 
 
+def run_status(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str:
+    """What is left of ``run``: not started, started (its records so far), or reported."""
+    results = runs_dir / run.name / "results.jsonl"
+    if not results.exists():
+        reported = (docs / "results" / run.name / "REPORT.md").exists()
+        return "reported; raw results not on this machine" if reported else "not started"
+    records = sum(1 for _ in results.open())
+    report = runs_dir / run.name / "REPORT.md"
+    if report.exists() and report.stat().st_mtime >= results.stat().st_mtime:
+        return f"done: {records} records, reported"
+    return f"started: {records} records so far (rerun to resume)"
+
+
 def _sh(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> None:
     print("+ " + shlex.join(cmd), flush=True)
     done = subprocess.run(cmd)
@@ -227,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="raw results and maps (default ~/.cache/sgl-ridgefill/eval)")
     parser.add_argument("--docs", type=pathlib.Path, default=REPO_DOCS, help="where RESULTS.md and results/ go")
     parser.add_argument("--only", default=None, help=f"comma-separated run names ({', '.join(r.name for r in RUNS)})")
-    parser.add_argument("--only-group", default=None, choices=(CHOOSE_SPLIT,),
-                        help="the runs of one group (choose-split: the map kind x split x rows comparison)")
+    parser.add_argument("--only-group", default=None, choices=GROUPS,
+                        help="the runs of one group (choose-split: the map kind x split x rows comparison; "
+                             "question-blind: rows chosen without the question against the shipped selection)")
     parser.add_argument("--list", action="store_true", help="print each run's calibrate and eval commands; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite each run's report from its raw results (no requests), then join them")
@@ -248,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             maps = args.runs_dir / "maps" / run.maps_name()
             stats = args.runs_dir / "stats" / run.stats_name()
             command = run.eval_command(maps, args.runs_dir / run.name, exact_from=exact_sources(run, RUNS, args.runs_dir))
-            print(f"# {run.name}\n" + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
+            print(f"# {run.name} ({run_status(run, args.runs_dir, args.docs)})\n"
+                  + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
                   f"{shlex.join(command)}")
         return 0
     if not args.render_only:

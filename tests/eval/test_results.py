@@ -121,3 +121,22 @@ def test_a_group_run_reuses_the_exact_arm_of_the_siblings_made_so_far(tmp_path, 
                                                     exact_from=(tmp_path / second.name,))
     assert results.main(["--runs-dir", str(tmp_path), "--only", first.name, "--list"]) == 0
     assert f"--exact-from {tmp_path / second.name}" in capsys.readouterr().out
+
+
+def test_the_list_says_what_is_left_of_each_run(tmp_path):
+    import os
+
+    from sgl_ridgefill.eval.results import RUNS, run_status
+
+    run, runs, docs = RUNS[0], tmp_path / "runs", tmp_path / "docs"
+    assert run_status(run, runs, docs) == "not started"
+    (docs / "results" / run.name).mkdir(parents=True)
+    (docs / "results" / run.name / "REPORT.md").write_text("r")
+    assert run_status(run, runs, docs) == "reported; raw results not on this machine"
+    (runs / run.name).mkdir(parents=True)
+    results = runs / run.name / "results.jsonl"
+    results.write_text("{}\n{}\n")
+    assert run_status(run, runs, docs) == "started: 2 records so far (rerun to resume)"
+    (runs / run.name / "REPORT.md").write_text("r")
+    os.utime(results, (1, 1))
+    assert run_status(run, runs, docs) == "done: 2 records, reported"
