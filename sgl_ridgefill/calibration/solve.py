@@ -201,7 +201,7 @@ def split_layer_exact(
 def kind_r2(heldout: SplitStats, A: torch.Tensor, b: torch.Tensor, kind: MapKind) -> tuple[float, ...]:
     """Held-out R^2 per upper layer of maps ``(A, b)`` of ``kind``, as calibration reports it."""
     r2 = r2_scores(heldout, A, b)
-    if kind.target == "u":
+    if kind.scale_free_target:
         # Layer S's identity map, served through the layer's scale-free norm, is u_S exactly, identity fill's
         # prediction; the linear prediction x_S that r2_scores measures in u-space is not what is served.
         r2 = identity_r2(heldout)[:1] + r2[1:]

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from sgl_ridgefill.maps.kinds import SINK_FIRST_ROWS, SINK_NORM_RATIO, MapKind, features, map_kind, rms_normalise, sink_rows
+from sgl_ridgefill.maps.kinds import SINK_FIRST_ROWS, SINK_NORM_RATIO, MapKind, features, map_kind, sink_rows
 
 from .capture import decoder_layers
 from .stats import SplitStats
@@ -140,8 +140,5 @@ class Accumulator:
 
     def target(self, kind: MapKind, layer: int, x: torch.Tensor) -> torch.Tensor:
         """``y``: ``[n, d_out]``, what ``kind`` predicts at ``layer`` when its input is ``x`` ``[n, d]``."""
-        if kind.target == "x":
-            return x.to(self.dtype)
-        if kind.target == "u":
-            return rms_normalise(x.float()).to(self.dtype)
-        return self.projections[layer](x).to(self.dtype)
+        project = self.projections.get(layer) if kind.predicts_kv else None
+        return kind.target_of(x.float() if kind.scale_free_target else x, project).to(self.dtype)

@@ -12,13 +12,21 @@ float64 sufficient statistics. Kinds differ in the features ``z`` of a filled ro
   ``e(j) = beta * e(j-1) + (1 - beta) * u_S(j)`` (``e(-1) = 0``; ``u_S(-1) = 0``): a filled row never sees
   another position in the upper layers, and this gives it its neighbours' split states.
 
+A kind carries its behaviour: its features (:func:`features`), its calibration target
+(:meth:`MapKind.target_of`), what serving does with a prediction (:meth:`MapKind.key_value`,
+:meth:`MapKind.value`), its cost (:meth:`MapKind.fill_flops`) and where it cannot serve
+(:meth:`MapKind.refusal`); calibration, the fill, the solver and the server's startup checks ask the kind.
+Adding a kind is one entry of :data:`MAP_KINDS` (a new ``features`` or ``target`` also one branch here).
+
 *Sink rows* (position 0 and any row whose split state is massive) dominate ``X^T X`` if left in: they are
 left out of the statistics and run exactly when served (:func:`sink_rows`). Engine-free.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,6 +56,49 @@ class MapKind:
 
     def d_out(self, hidden: int, kv_dim: int) -> int:
         return 2 * kv_dim if self.predicts_kv else hidden
+
+    @property
+    def scale_free_target(self) -> bool:
+        """The target is the normalised input: the layer's scale-free norm serves it as the input itself."""
+        return self.target == "u"
+
+    def target_of(self, x: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """What this kind predicts at a layer whose input is ``x`` (``[n, d]``): ``x``, ``x / rms(x)``, or the
+        layer's K and V before its K norm and RoPE (``project``: the layer's ``[W_k; W_v]`` after its norm)."""
+        if self.target == "x":
+            return x
+        if self.target == "u":
+            return rms_normalise(x)
+        if project is None:
+            raise ValueError(f"{self.name} maps predict K and V: their target needs the layer's K/V projection")
+        return project(x)
+
+    def key_value(self, adapter: Any, layer_id: int, positions: torch.Tensor, y: torch.Tensor):
+        """K (after its norm and RoPE) and V ``[rows, kv_heads, head_dim]`` that layer ``layer_id`` writes for
+        filled rows from this kind's prediction ``y`` (``adapter``: the served model's ``ModelAdapter``)."""
+        if not self.predicts_kv:  # the layer's input: its own norm, K/V projections and RoPE
+            return adapter.key_value(layer_id, positions, y)
+        shape = adapter.shape
+        k, v = y.split([shape.kv_dim, shape.kv_dim], dim=-1)
+        return adapter.rope_key(layer_id, positions, k), v.reshape(-1, shape.num_kv_heads, shape.head_dim)
+
+    def value(self, adapter: Any, layer_id: int, y: torch.Tensor) -> torch.Tensor:
+        """V alone from the prediction ``y`` (the value rescale compares it with the exact V)."""
+        if not self.predicts_kv:
+            return adapter.value(layer_id, y)
+        shape = adapter.shape
+        return y[:, shape.kv_dim :].reshape(-1, shape.num_kv_heads, shape.head_dim)
+
+    def refusal(self, *, hybrid: bool = False, tp_size: int = 1) -> str | None:
+        """Why maps of this kind cannot serve a process (a hybrid model; ``tp_size`` tensor-parallel ranks), or
+        ``None``."""
+        if hybrid and self.predicts_kv:
+            return (f"{self.name} maps predict K and V only, and this hybrid model's upper Gated DeltaNet layers "
+                    "need their input: serve residual or normalised maps")
+        if tp_size > 1 and self.predicts_kv:
+            return (f"{self.name} maps predict K and V of every KV head, and this rank holds {tp_size}-way shards "
+                    "of them: under tensor parallelism serve residual or normalised maps")
+        return None
 
     def fill_flops(self, hidden: int, kv_dim: int) -> int:
         """What filling one row of one upper attention layer costs (2 FLOP per multiply-add): the map, and for

@@ -100,14 +100,8 @@ def hybrid_refusal(hybrid: bool, *, tp: bool, pd_prefill: bool) -> str | None:
 
 
 def maps_refusal(kind: MapKind, tp: distributed.TensorParallel | None, *, hybrid: bool = False) -> str | None:
-    """Why maps of ``kind`` cannot serve this process, or ``None``."""
-    if hybrid and kind.predicts_kv:
-        return (f"{kind.name} maps predict K and V only, and this hybrid model's upper Gated DeltaNet layers need "
-                "their input: serve residual or normalised maps")
-    if tp is not None and kind.predicts_kv:
-        return (f"{kind.name} maps predict K and V of every KV head, and this rank holds {tp.size}-way shards of "
-                "them: under tensor parallelism serve residual or normalised maps")
-    return None
+    """Why maps of ``kind`` cannot serve this process, or ``None`` (the kind says)."""
+    return kind.refusal(hybrid=hybrid, tp_size=1 if tp is None else tp.size)
 
 
 def _check_maps(runner: Any, adapter: ModelAdapter, maps_folder, tp: distributed.TensorParallel | None) -> list[str]:

@@ -52,10 +52,7 @@ class Fill:
         if self.maps is None:
             return ad.key_value(layer_id, positions, x_split)
         y = self.maps.predict(self.split, layer_id, z)
-        if not self.kind.predicts_kv:
-            return ad.key_value(layer_id, positions, y.to(x_split.dtype))
-        k, v = y.to(x_split.dtype).split([ad.shape.kv_dim, ad.shape.kv_dim], dim=-1)
-        return ad.rope_key(layer_id, positions, k), v.reshape(-1, ad.shape.num_kv_heads, ad.shape.head_dim)
+        return self.kind.key_value(ad, layer_id, positions, y.to(x_split.dtype))
 
     def value(self, layer_id: int, x_split: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """V alone (the value rescale compares it with the exact V): ``[rows, kv_heads, head_dim]``."""
@@ -63,6 +60,4 @@ class Fill:
         if self.maps is None:
             return ad.value(layer_id, x_split)
         y = self.maps.predict(self.split, layer_id, z).to(x_split.dtype)
-        if not self.kind.predicts_kv:
-            return ad.value(layer_id, y)
-        return y[:, ad.shape.kv_dim :].reshape(-1, ad.shape.num_kv_heads, ad.shape.head_dim)
+        return self.kind.value(ad, layer_id, y)
