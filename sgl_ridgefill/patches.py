@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import arch
+
 logger = logging.getLogger("sgl_ridgefill")
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
@@ -49,13 +51,7 @@ WEIGHT_UPDATES = tuple(
     for name in ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
                  "update_weights_from_ipc")
 )
-MODEL_FORWARDS = (
-    "sglang.srt.models.llama.LlamaForCausalLM.forward",
-    "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward",
-    "sglang.srt.models.qwen3.Qwen3ForCausalLM.forward",
-    "sglang.srt.models.qwen3_5_text.Qwen3_5ForCausalLM.forward",
-    "sglang.srt.models.qwen3_next.Qwen3NextForCausalLM.forward",
-)
+MODEL_FORWARDS = arch.MODEL_FORWARDS  # every family's ForCausalLM.forward (arch.py)
 # Prefill/decode disaggregation (runtime/disaggregation.py).
 PD_SEND = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
 PD_DESCRIBE = "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf"

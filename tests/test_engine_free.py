@@ -33,6 +33,7 @@ _CORE = (
     ("sgl_ridgefill/shipped_maps.py", "sgl_ridgefill.shipped_maps"),
     ("sgl_ridgefill/cpu/gdn_ops.py", "sgl_ridgefill.cpu.gdn_ops"),
     ("sgl_ridgefill/gdn_layout.py", "sgl_ridgefill.gdn_layout"),
+    ("sgl_ridgefill/arch.py", "sgl_ridgefill.arch"),
 )
 _HOST = ("sglang", "sgl_kernel")
 

@@ -32,13 +32,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..arch import HYBRID_MODEL_TYPES
+
 # The attention top-k selector reads the attention of this many last prompt rows.
 SELECTOR_QUERY_ROWS = 64
 
 
 ATTENTION, GDN = "attention", "gdn"
 _HF_KINDS = {"full_attention": ATTENTION, "attention": ATTENTION, "linear_attention": GDN}
-_GATED_ATTENTION_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+_GATED_ATTENTION_TYPES = HYBRID_MODEL_TYPES  # the hybrids gate their attention output (arch.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,8 @@ import collections
 import pathlib
 from collections.abc import Iterable, Sequence
 
+from ..arch import FAMILIES
+
 # (frame function name, phase), innermost match wins.
 PHASES: tuple[tuple[str, str], ...] = (
     ("lower_pass", "lower layers"),
@@ -29,12 +31,8 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("attention_statistics", "selection statistics"),
     ("run_probe", "probe"),
     ("select_rows", "row selection"),
-    ("Qwen2ForCausalLM.forward", "exact forward"),
-    ("LlamaForCausalLM.forward", "exact forward"),
-    ("Qwen3ForCausalLM.forward", "exact forward"),
-    ("Qwen2Model.forward", "exact forward"),
-    ("LlamaModel.forward", "exact forward"),
-    ("Qwen3Model.forward", "exact forward"),
+    *((f"{f.hf_class}.forward", "exact forward") for f in FAMILIES),  # every family of arch.py
+    *((f"{f.inner_model}.forward", "exact forward") for f in FAMILIES),
     ("LogitsProcessor.forward", "logits"),
     ("IdleSleeper.maybe_sleep", "idle (waiting for a request)"),
 )

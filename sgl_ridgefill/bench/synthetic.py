@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..arch import DENSE_FAMILIES, HYBRID_FAMILIES
+
 
 FAMILIES = ("qwen2", "llama", "qwen3_5")
 
@@ -211,8 +213,8 @@ def make_near_identity_maps(
 
 
 # ----------------------------------------------------------------------------- tiny models (tests, soak)
-TINY_FAMILIES = ("llama", "qwen2", "qwen3")
-TINY_HYBRID_FAMILIES = ("qwen3_5", "qwen3_next")  # Gated DeltaNet hybrids (attention every 4th layer)
+TINY_FAMILIES = DENSE_FAMILIES  # arch.py
+TINY_HYBRID_FAMILIES = HYBRID_FAMILIES  # Gated DeltaNet hybrids (attention every 4th layer)
 TINY_VOCAB_SIZE = 1024
 TINY_HYBRID_ATTENTION_EVERY = 4
 

@@ -15,11 +15,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ..arch import ALL_ARCHITECTURES
 from .config import CalibrationError
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM",
-)
+SUPPORTED_ARCHITECTURES = ALL_ARCHITECTURES  # every family of arch.py calibrates
 
 
 class _StopForward(Exception):

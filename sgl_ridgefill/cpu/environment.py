@@ -58,7 +58,6 @@ HYBRID_CPU_SERVER_ARGS: dict[str, object] = {
     "mamba_radix_cache_strategy": "no_buffer",
     "disable_overlap_schedule": True,
 }
-_HYBRID_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 
 
 def is_hybrid_model(model_path: str | os.PathLike[str] | None) -> bool:
@@ -75,7 +74,9 @@ def is_hybrid_model(model_path: str | os.PathLike[str] | None) -> bool:
     text = config.get("text_config") or {}
     model_type = config.get("model_type") or text.get("model_type")
     layer_types = config.get("layer_types") or text.get("layer_types") or ()
-    return model_type in _HYBRID_MODEL_TYPES or "linear_attention" in layer_types
+    from ..arch import HYBRID_MODEL_TYPES
+
+    return model_type in HYBRID_MODEL_TYPES or "linear_attention" in layer_types
 
 
 def usable_cores() -> int:

@@ -14,11 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+from ..arch import DENSE_ARCHITECTURES, HYBRID_ARCHITECTURES
+
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES  # HF class -> family (arch.py)
 
 
 class UnsupportedModelError(ValueError):
@@ -46,8 +44,6 @@ class ModelAdapter:
     def __init__(self, lm: torch.nn.Module):
         family = SUPPORTED_ARCHITECTURES.get(type(lm).__name__)
         if family is None:
-            from .hybrid_adapter import HYBRID_ARCHITECTURES
-
             raise UnsupportedModelError(
                 f"RidgeFill supports {', '.join(sorted(SUPPORTED_ARCHITECTURES))} and the hybrids "
                 f"{', '.join(sorted(HYBRID_ARCHITECTURES))}; this model is {type(lm).__name__}"

@@ -23,7 +23,8 @@ from ..maps.kinds import MapKind
 from . import distributed, resolved
 from .adapter import ModelAdapter, UnsupportedModelError
 from .admission import HYBRID_NAMESPACE_REFUSAL, Admitter, ServerFacts
-from .hybrid_adapter import HYBRID_ARCHITECTURES, make_adapter
+from ..arch import HYBRID_ARCHITECTURES
+from .hybrid_adapter import make_adapter
 from .prefill import SelectionResources
 from .runtime import RidgeFillRuntime
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..arch import FAMILIES, HYBRID_ARCHITECTURES
 from ..gdn_layout import gdn_rows
 from .adapter import ModelAdapter, ModelShape, UnsupportedModelError
 
-HYBRID_ARCHITECTURES = {"Qwen3_5ForCausalLM": "qwen3_5", "Qwen3NextForCausalLM": "qwen3_next"}
-INTERLEAVED = ("qwen3_next",)  # families whose GDN projections are interleaved per key head
+INTERLEAVED = tuple(f.name for f in FAMILIES if f.interleaved_gdn)  # GDN projections interleaved per key head
 ATTENTION, GDN = "attention", "gdn"
 
 
