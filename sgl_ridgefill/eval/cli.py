@@ -193,6 +193,18 @@ def _dtype(args) -> str:
     return choice.dtype
 
 
+def _cpu(args) -> dict[str, str]:
+    """The CPU the servers or engines of this run use (model and PyTorch's capability); nothing for a server given
+    with ``--url``, which may run elsewhere."""
+    if args.url:
+        return {}
+    import torch
+
+    from ..cpu.dtype import cpu_model_name
+
+    return {"cpu": cpu_model_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def _backend_name(args) -> str:
     if args.engine:
         return "offline sglang.Engine (this process)"
@@ -351,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
                 **rows, "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + shlex.join(sys.argv[1:]),
                 "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,
-                "fill_flops_per_row": _fill_flops(kind, config)}
+                **_cpu(args), "fill_flops_per_row": _fill_flops(kind, config)}
         store.add(meta)
     if args.exact_from:
         from .shared_exact import import_exact
