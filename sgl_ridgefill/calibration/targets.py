@@ -141,4 +141,4 @@ class Accumulator:
     def target(self, kind: MapKind, layer: int, x: torch.Tensor) -> torch.Tensor:
         """``y``: ``[n, d_out]``, what ``kind`` predicts at ``layer`` when its input is ``x`` ``[n, d]``."""
         project = self.projections.get(layer) if kind.predicts_kv else None
-        return kind.target_of(x.float() if kind.scale_free_target else x, project).to(self.dtype)
+        return kind.target_of(x, project).to(self.dtype)  # rms_normalise works in float32 or wider

@@ -90,8 +90,11 @@ class RanExact(RuntimeError):
     """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 
 
-def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, **extra) -> tuple[dict, float]:
-    client.flush_cache()
+def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, flush: bool = True,
+              **extra) -> tuple[dict, float]:
+    """One greedy request and its wall time, from an emptied radix cache unless ``flush`` is false."""
+    if flush:
+        client.flush_cache()
     body = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}, **extra}
     if custom is not None:
         body["sampling_params"]["custom_params"] = custom
@@ -167,9 +170,8 @@ def _ask_before(client: Client, sample, custom: dict, later: int) -> None:
     client.flush_cache()
     before = {"ridgefill": {k: v for k, v in custom["ridgefill"].items() if k != "watch_rows"}}
     for i in range(later - 1):
-        body = {"input_ids": list(sample.other_prompt(i)),
-                "sampling_params": {"max_new_tokens": sample.max_new_tokens, "temperature": 0.0, "custom_params": before}}
-        _check_ran(RIDGEFILL, f"{sample.id} (question {i + 1})", client.generate(body))
+        out, _ = _generate(client, sample.other_prompt(i), before, max_new_tokens=sample.max_new_tokens, flush=False)
+        _check_ran(RIDGEFILL, f"{sample.id} (question {i + 1})", out)
 
 
 def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalPlan) -> None:
@@ -180,15 +182,9 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
     if custom["ridgefill"].get("arm") not in (None, A.EXACT):  # did the fill arm's selection find the needle?
         custom["ridgefill"]["watch_rows"] = A.needle_rows(sample.needle_spans)
     later = A.later_position(arm)
-    if later is None:
-        out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens)
-    else:
-        _ask_before(client, sample, custom, later)
-        body = {"input_ids": list(sample.input_ids), "sampling_params": {
-            "max_new_tokens": sample.max_new_tokens, "temperature": 0.0, "custom_params": custom}}
-        start = time.perf_counter()
-        out = client.generate(body)
-        seconds = time.perf_counter() - start
+    if later is not None:
+        _ask_before(client, sample, custom, later)  # empties the cache, then fills it with the other questions
+    out, seconds = _generate(client, sample.input_ids, custom, max_new_tokens=sample.max_new_tokens, flush=later is None)
     _check_ran(arm, sample.id, out)
     text = out.get("text", "")
     ran = (out.get("meta_info") or {}).get("ridgefill")

@@ -45,15 +45,10 @@ def stream_record(shape: str, kind_name: str, length: int, tail: int = TAIL) -> 
             chunks.append(filled)
     copy_ms = map_bytes / (H2D_GBPS * 1e9) * 1e3
     fill_ms = [rows * kind.fill_flops(d, kv) / rate * 1e3 for rows in chunks]
-    rows = min(length, estimates.CHUNK_ROWS)
-    lower_ms = []  # each filled chunk's lower layers: what the ring's first copies run behind
-    for i, filled in enumerate(chunks):
-        n = min(estimates.CHUNK_ROWS, length - i * estimates.CHUNK_ROWS)
-        attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(i * estimates.CHUNK_ROWS, n)
-        lower_ms.append(split * (n * 2 * dims.layer_params / rate
-                                 + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3)
-    attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(0, rows)
-    layer_ms = (rows * 2 * dims.layer_params / rate + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3
+    # each filled chunk's lower layers: what the ring's first copies run behind
+    lower_ms = [split * _layer_ms(dims, i * estimates.CHUNK_ROWS, min(estimates.CHUNK_ROWS, length - i * estimates.CHUNK_ROWS))
+                for i in range(len(chunks))]
+    layer_ms = _layer_ms(dims, 0, min(length, estimates.CHUNK_ROWS))
     exposed = exposed_ms(copy_ms, fill_ms, lower_ms, upper, slots=2)
     hide = slots_to_hide(copy_ms, fill_ms, lower_ms, upper)
     return {
@@ -64,6 +59,14 @@ def stream_record(shape: str, kind_name: str, length: int, tail: int = TAIL) -> 
         "hidden": exposed <= 0.005, "exposed_ms": round(exposed, 2), "slots_to_hide": hide,
         "slots_mib": round(hide * map_bytes / 2**20, 1),
     }
+
+
+def _layer_ms(dims, lo: int, rows: int) -> float:
+    """One layer's whole forward of the chunk of ``rows`` rows starting at row ``lo`` (its GEMMs at the GEMM rate,
+    its causal attention over every row before it at fa3's rate), in ms."""
+    attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(lo, rows)
+    return (rows * 2 * dims.layer_params / (estimates.GEMM_TFLOPS * 1e12)
+            + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3
 
 
 def exposed_ms(copy_ms: float, fill_ms: list[float], lower_ms: list[float], layers: int, *, slots: int) -> float:

@@ -197,7 +197,7 @@ class RidgeFillRuntime:
                     with recurrent.restored_on_failure(ctx, fb, i):
                         prefill.run_chunk(ctx, self.resources, fb, i, starts[i], st, hidden,
                                           req_row=self._req_row(fb, i))
-                except Exception as e:  # noqa: BLE001 - one request's failure must not stop the scheduler
+                except Exception as e:  # noqa: BLE001 - on one device a request's failure must not stop the scheduler
                     self._fall_back(backend, fb, i, st, e, hidden)
                 if st.prefill_done or st.exact_reason is not None:
                     self._finish(fb.rids[i], st)
