@@ -198,11 +198,10 @@ def _cpu(args) -> dict[str, str]:
     with ``--url``, which may run elsewhere."""
     if args.url:
         return {}
-    import torch
+    from ..bench.machine import machine_record
 
-    from ..cpu.dtype import cpu_model_name
-
-    return {"cpu": cpu_model_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    machine = machine_record(dtype=args.resolved_dtype, server_env=None, server_local=True)
+    return {"cpu": machine["cpu_model"], "cpu_capability": machine["capability"]}
 
 
 def _backend_name(args) -> str:
