@@ -9,8 +9,9 @@ from __future__ import annotations
 
 ARMS = ("ridgefill", "identity", "nofill", "exact")  # what fills the prefix (the order of help texts and tables)
 DEFAULT_ARM = "ridgefill"
-CACHE_MODES = ("no_insert", "namespace")  # how a RidgeFill request's KV may enter the radix cache
-DEFAULT_CACHE_MODE = "no_insert"
+CACHE_MODES = ("auto", "no_insert", "namespace")  # how a RidgeFill request's KV may enter the radix cache
+DEFAULT_CACHE_MODE = "auto"  # admission resolves it per request to one of the plan cache modes
+PLAN_CACHE_MODES = ("no_insert", "namespace")  # what a request's plan runs with (``auto`` resolved)
 DEFAULT_TAIL = 1024  # rows at the end of the prompt that run exactly when nothing else says
 MAP_RESIDENCES = ("device", "host")  # where the maps live while serving (host: streamed to the device per layer)
 SPLICES = ("keys", "values", "both", "key_norm")  # the splice diagnostic's parts of the exact model
@@ -20,4 +21,4 @@ ACCUMULATIONS = ("float64", "float32-blocks")
 ARM_WIRE_ORDER = ("exact", "ridgefill", "identity", "nofill")
 
 assert set(ARM_WIRE_ORDER) == set(ARMS) and len(ARM_WIRE_ORDER) == len(ARMS), "every arm has one wire index"
-assert DEFAULT_ARM in ARMS and DEFAULT_CACHE_MODE in CACHE_MODES
+assert DEFAULT_ARM in ARMS and DEFAULT_CACHE_MODE in CACHE_MODES and set(PLAN_CACHE_MODES) < set(CACHE_MODES)

@@ -32,7 +32,7 @@ def test_ridgefill_arm_needs_maps():
     "kw, msg",
     [
         (dict(arm="fast"), "--ridgefill-arm 'fast' is not one of ridgefill, identity, nofill, exact"),
-        (dict(cache_mode="share"), "--ridgefill-cache-mode 'share' is not one of no_insert, namespace"),
+        (dict(cache_mode="share"), "--ridgefill-cache-mode 'share' is not one of auto, no_insert, namespace"),
         (dict(split=0), "--ridgefill-split must be >= 1, got 0"),
         (dict(tail=-5), "--ridgefill-tail must be >= 1, got -5"),
         (dict(tail="5"), "--ridgefill-tail must be an integer, got '5'"),

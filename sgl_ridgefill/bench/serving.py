@@ -1,11 +1,12 @@
 """``sgl-ridgefill bench-serving``: SGLang's own serving benchmark against a stock and a RidgeFill server.
 
     sgl-ridgefill bench-serving --model qwen2.5-coder-0.5b --ridgefill-maps DIR [--workloads NAMES]
-        [--servers stock,ridgefill,ridgefill-namespace] [--ridgefill-flags '--ridgefill-tail 1024'] [--out docs]
+        [--servers stock,ridgefill,ridgefill-no-insert] [--ridgefill-flags '--ridgefill-tail 1024'] [--out docs]
         [--scale 1.0]
 
-The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``no_insert``, RidgeFill with
-``--ridgefill-cache-mode namespace``) run on this CPU (``sgl_ridgefill.cpu.launch_server``) on the same
+The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``auto`` (``namespace`` for a
+plan without exact rows, as here unless ``--ridgefill-flags`` names a policy that chooses rows), RidgeFill with
+``--ridgefill-cache-mode no_insert``) run on this CPU (``sgl_ridgefill.cpu.launch_server``) on the same
 model, all started before the first run: each workload runs on every server in turn with ``python -m
 sglang.benchmark.serving --backend sglang`` (SGLang's client, not this project's), the radix cache flushed
 before each run. The workloads (:data:`WORKLOADS`) are what long-prompt serving looks like:
@@ -49,7 +50,7 @@ BACKENDS = {"multi-turn": "sglang-oai-chat"}
 SERVERS: dict[str, tuple[str, ...] | None] = {
     "stock": None,
     "ridgefill": (),
-    "ridgefill-namespace": ("--ridgefill-cache-mode", "namespace"),
+    "ridgefill-no-insert": ("--ridgefill-cache-mode", "no_insert"),
 }
 # SGLang's serving benchmark's result fields -> the report's (seconds, milliseconds, per second).
 FIELDS = {
@@ -112,7 +113,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"CPU {m.get('cpu_model')}; PyTorch capability {m.get('capability')}; dtype {m.get('dtype')}; "
         f"{m.get('threads')} thread(s). Every server on this CPU on {report['model']}, prompt lengths scaled by "
         f"{report.get('scale', 1.0)}; RidgeFill flags: `{' '.join(report['ridgefill_flags']) or '(defaults)'}` "
-        "(`ridgefill-namespace` adds `--ridgefill-cache-mode namespace`). Each workload ran on every server in turn "
+        "(`ridgefill` runs the default cache mode `auto`, `ridgefill-no-insert` adds `--ridgefill-cache-mode "
+        "no_insert`). Each workload ran on every server in turn "
         "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
         "multi-turn, which it requires), the radix cache flushed before each run.",
         "",

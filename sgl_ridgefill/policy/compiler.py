@@ -1,7 +1,7 @@
 """``PolicyAst`` -> ``CompiledPolicy``: resolve defaults, check every value against the maps folder
 and the model, and bind the selection. Everything the runtime needs is decided here, once per policy.
 
-Defaults: ``arm ridgefill``; ``split`` from the maps folder's default; ``tail 1024``; ``cache no_insert``;
+Defaults: ``arm ridgefill``; ``split`` from the maps folder's default; ``tail 1024``; ``cache auto``;
 no selection, no corrections. Serving needs a split, written or from the maps folder; ``policy check``
 without ``--maps`` leaves a maps-folder split unresolved (``defer_split``) and checks the rest.
 """

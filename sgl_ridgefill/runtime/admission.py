@@ -34,6 +34,26 @@ HYBRID_NAMESPACE_REFUSAL = (
 )
 
 
+def resolve_cache_mode(mode: str | None, *, arm: str, selects: bool, facts: "ServerFacts") -> str:
+    """The cache mode a plan runs with, from the effective setting ``mode`` (``None``: the default).
+
+    ``auto`` shares a request's KV in its namespace when the plan fills every prefix row the same way
+    whatever the question (no exact rows chosen), so a later request on the same prefix gets what a fresh
+    fill would give, and keeps it out of the cache (``no_insert``) when the plan chooses exact rows: a
+    selection reads the prompt's end, and a later question would inherit rows chosen for the first.
+    ``nofill`` (its upper layers hold nothing for the prefix) and a PD prefill worker (the decode worker's
+    radix cache holds exact KV only) never insert; hybrid models refuse ``namespace`` and resolve ``auto`` to
+    ``no_insert`` (a recurrent state stored under a namespace is not proven safe to share)."""
+    mode = mode or DEFAULT_CACHE_MODE
+    if arm == "nofill" or facts.pd_prefill:
+        return "no_insert"
+    if mode == "auto":
+        return "no_insert" if selects or facts.recurrent_layers else "namespace"
+    if mode == "namespace" and facts.recurrent_layers:
+        raise RequestParamError(HYBRID_NAMESPACE_REFUSAL)
+    return mode
+
+
 def check_request_bounds(params, config: ServerConfig) -> None:
     """Refuse (``RequestParamError``) what the operator does not let clients ask for: diagnostic keys and
     control arms without ``--ridgefill-diagnostics``, a tail above ``--ridgefill-max-tail``. Runs in the
@@ -107,6 +127,17 @@ class Admitter:
             if value is not None:
                 return value
         return self.facts.default_split if name == "split" else PLAN_DEFAULTS.get(name)
+
+    def default_cache_mode(self) -> str:
+        """The cache mode a request that sets nothing runs with (the startup line), by the one resolution
+        admission uses: ``auto`` is shown with what it resolves to."""
+        mode = self.effective("cache_mode") or DEFAULT_CACHE_MODE
+        selects = self.policy is not None and self.policy.has_selection()
+        try:
+            resolved = resolve_cache_mode(mode, arm=self.effective("arm") or DEFAULT_ARM, selects=selects, facts=self.facts)
+        except RequestParamError:
+            return mode  # refused at startup for hybrids (factory), per request otherwise
+        return f"{resolved} (auto)" if mode == "auto" else resolved
 
     def admit(self, custom_params: Mapping[str, Any] | None, request: RequestFacts = RequestFacts()) -> Admission:
         """The request's plan, or why it runs exactly. Raises ``RequestParamError`` (HTTP 400)."""
@@ -188,13 +219,8 @@ class Admitter:
         use_policy = policy if (policy is not None and not explicit and policy.has_selection()) else None
         if use_policy is not None:
             self.check_policy(use_policy, split)
-        cache_mode = pick("cache_mode") or "no_insert"
-        if arm == "nofill" or facts.pd_prefill:
-            # nofill: its upper layers hold nothing for the prefix, never shared. PD: the decode worker's
-            # radix cache holds exact KV only, so a prefix shared here from filled KV would not match there.
-            cache_mode = "no_insert"
-        if cache_mode == "namespace" and facts.recurrent_layers:
-            raise RequestParamError(HYBRID_NAMESPACE_REFUSAL)
+        selects = explicit or use_policy is not None
+        cache_mode = resolve_cache_mode(pick("cache_mode"), arm=arm, selects=selects, facts=facts)
         terminal = getattr(getattr(policy, "terminal_state", None), "offsets", None)
         if arm == "nofill" or not any(l >= split for l in facts.recurrent_layers):
             terminal = None  # nothing filled enters a recurrent state

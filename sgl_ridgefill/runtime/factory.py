@@ -215,7 +215,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
         server_policy.name if server_policy is not None else "-", admitter.effective("arm"),
         admitter.effective("split"), admitter.effective("tail"),
-        "no_insert" if pd_prefill or admitter.effective("arm") == "nofill" else admitter.effective("cache_mode"),
+        admitter.default_cache_mode(),
         "on" if config.diagnostics else "off",
     )
     return rt

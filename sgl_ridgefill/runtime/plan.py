@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..request_schema import REQUEST_KEYS, namespace_fields
-from ..vocabulary import DEFAULT_CACHE_MODE
+from ..vocabulary import PLAN_CACHE_MODES
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class RequestPlan:
     arm: str  # "ridgefill" | "identity" | "nofill"
     split: int
     tail: int
-    cache_mode: str = DEFAULT_CACHE_MODE
+    cache_mode: str = "no_insert"  # one of PLAN_CACHE_MODES (admission resolves ``auto``)
     exact_every: int | None = None
     control: str = "none"
     value_rescale: int | None = None
@@ -40,6 +40,7 @@ class RequestPlan:
     def __post_init__(self) -> None:
         assert self.arm in ("ridgefill", "identity", "nofill"), self.arm
         assert self.split >= 1 and self.tail >= 1
+        assert self.cache_mode in PLAN_CACHE_MODES, self.cache_mode
 
     @property
     def has_selection(self) -> bool:

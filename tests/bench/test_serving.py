@@ -27,9 +27,11 @@ def test_result_fields_in_seconds():
 def test_server_flags():
     stock = serving.server_flags("/m", "float32", "stock", maps="/maps", extra=["--x"], longest=100)
     assert "--prefill-backend" not in stock and "--x" not in stock
-    ns = serving.server_flags("/m", "float32", "ridgefill-namespace", maps="/maps", extra=["--x"], longest=100)
+    ns = serving.server_flags("/m", "float32", "ridgefill-no-insert", maps="/maps", extra=["--x"], longest=100)
     assert ns[ns.index("--ridgefill-maps") + 1] == "/maps"
-    assert ns[ns.index("--ridgefill-cache-mode") + 1] == "namespace" and ns[-1] == "--x"
+    assert ns[ns.index("--ridgefill-cache-mode") + 1] == "no_insert" and ns[-1] == "--x"
+    default = serving.server_flags("/m", "float32", "ridgefill", maps="/maps", extra=[], longest=100)
+    assert "--ridgefill-cache-mode" not in default  # the default cache mode, auto
 
 
 def test_report_lists_every_server_that_ran():
@@ -46,7 +48,7 @@ def test_report_lists_every_server_that_ran():
 def test_unknown_names_are_refused(capsys):
     args = build_parser().parse_args(["bench-serving", "--model", "m", "--ridgefill-maps", "d", "--servers", "stok"])
     assert args.func(args) == 2
-    assert "unknown server(s) stok; known: stock, ridgefill, ridgefill-namespace" in capsys.readouterr().err
+    assert "unknown server(s) stok; known: stock, ridgefill, ridgefill-no-insert" in capsys.readouterr().err
 
 
 def test_multi_turn_runs_through_sglangs_chat_backend():

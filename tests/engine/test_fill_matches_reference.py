@@ -18,6 +18,7 @@ from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 pytestmark = pytest.mark.engine
 TAIL = 20
 N = 150
+PLAIN = {"policy": "plain", "split": SPLIT, "tail": TAIL}  # the bare fill in cache mode no_insert
 WATCH = [3, 6, 8, 13, 15, 16, N - 1]  # watched by the exact_rows case: two of its every-7th rows, four filled, one in the tail
 
 
@@ -42,13 +43,15 @@ def _scenario():
          [dict(ids=g), dict(ids=h, arm="exact"), dict(ids=i, arm="identity")]),
         ("short_prompt", request(short), dict(ids=short, arm="exact")),
         ("cache_seed", request(p, {"enabled": False}), dict(ids=p, arm="exact")),
-        ("cache_hit", request(pq), dict(ids=pq, start="cached")),
+        # A request naming the plain policy runs no_insert, which reuses the exact cached prefix.
+        ("cache_hit", request(pq, PLAIN), dict(ids=pq, start="cached")),
         ("bad_param", request(a, {"arm": "bogus"}), dict(error="arm")),
         ("random_rows", request(r, {"exact_every": 7, "control": "random", "seed": 3}),
          dict(ids=r, exact_rows=random_rows(len(every_kth_row(7, 0, N - TAIL)), N - TAIL, 3).tolist())),
-        ("repeat", request(a), dict(ids=a)),
-        ("no_insert_rf", request(x), dict(ids=x)),
-        ("no_insert_exact", request(x, {"enabled": False}), dict(ids=x, arm="exact")),
+        ("repeat", request(a, PLAIN), dict(ids=a)),  # no_insert: recomputed, bit-equal to the first
+        ("shared_rf", request(x), dict(ids=x)),  # the default cache mode (auto) shares this fill in its namespace
+        ("exact_after_rf", request(x, {"enabled": False}), dict(ids=x, arm="exact")),
+        ("shared_repeat", request(x), dict(ids=x)),
     ]
     return cases
 
@@ -80,7 +83,7 @@ def engine_run(request, tiny_models):
 
 
 CASES = ["ridgefill", "identity", "nofill", "exact_rows", "given_rows", "value_rescale", "long_tail", "batch[0]", "batch[1]",
-         "batch[2]", "short_prompt", "cache_seed", "random_rows", "repeat", "no_insert_rf", "no_insert_exact"]
+         "batch[2]", "short_prompt", "cache_seed", "random_rows", "repeat", "shared_rf", "exact_after_rf", "shared_repeat"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -120,11 +123,25 @@ def test_ridgefill_differs_from_exact_and_identity(engine_run):
 
 
 def test_filled_kv_never_reaches_an_exact_request(engine_run):
-    """Default cache mode: a RidgeFill request inserts nothing, so the exact request after it on the same
-    prompt finds no cached rows and computes everything itself."""
+    """A RidgeFill request's KV enters the radix cache only under its namespace (the default ``auto`` mode,
+    for a plan without exact rows), so the exact request after it on the same prompt finds no cached rows and
+    computes everything itself."""
     _, by_name = engine_run
-    assert by_name["no_insert_exact"][1]["cached_tokens"] == 0
-    assert by_name["repeat"][1]["cached_tokens"] == 0  # nor does a RidgeFill request reuse a RidgeFill one
+    assert by_name["shared_rf"][1]["ridgefill"]["cache_mode"] == "namespace"
+    assert by_name["exact_after_rf"][1]["cached_tokens"] == 0
+
+
+def test_auto_shares_a_fill_with_the_next_request_of_the_same_plan(engine_run):
+    """``auto``: the same prompt asked again with the same plan reuses the first request's rows (its filled
+    prefix and its exact tail), and answers as a fresh fill (``test_matches_reference[shared_repeat]``); a plan
+    with exact rows (``exact_rows``, ``given_rows``: the same prompt, different rows) keeps its KV to itself."""
+    _, by_name = engine_run
+    again = by_name["shared_repeat"][1]
+    assert again["ridgefill"]["cache_mode"] == "namespace" and again["cached_tokens"] >= N - TAIL
+    assert by_name["repeat"][1]["cached_tokens"] == 0
+    assert by_name["exact_rows"][1]["ridgefill"]["cache_mode"] == "no_insert"
+    assert by_name["given_rows"][1]["cached_tokens"] == 0
+    assert by_name["cache_hit"][1]["ridgefill"]["cache_mode"] == "no_insert"
 
 
 def test_bad_parameter_fails_that_request_only(engine_run):

@@ -54,6 +54,7 @@ def served(request, tiny_models, tmp_path_factory):
         "RIDGEFILL_MAPS": str(maps_dir),
         "RIDGEFILL_SPLIT": str(SPLIT),
         "RIDGEFILL_TAIL": str(TAIL),
+        "RIDGEFILL_CACHE_MODE": "no_insert",  # the RidgeFill request after the exact seed reuses its prefix
     }
     results = run_engine(cpu_engine_kwargs(model.path, chunked_prefill_size=chunk), steps, env)
     prompts = [a, b, c, a, p, p + prompt(25, 60), b]

@@ -24,7 +24,7 @@ def run(capsys, *argv):
 def test_check(capsys):
     code, out, err = run(capsys, "check", ROWS)
     assert (code, err) == (0, "")
-    assert out == 'ok: policy "llama-3.1-8b-rows": arm ridgefill, split 12, tail 4096, cache no_insert, 1 selector(s)\n'
+    assert out == 'ok: policy "llama-3.1-8b-rows": arm ridgefill, split 12, tail 4096, cache auto, 1 selector(s)\n'
     code, out, _ = run(capsys, "check", "qwen3.8-27b")  # a shipped name works too
     assert code == 0 and "value_rescale c=512" in out
 

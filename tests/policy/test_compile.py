@@ -18,7 +18,7 @@ def c(text, **targets):
 
 def test_defaults():
     p = c('policy "p" { split 12 }')
-    assert (p.name, p.arm, p.split, p.tail, p.cache_mode) == ("p", "ridgefill", 12, 1024, "no_insert")
+    assert (p.name, p.arm, p.split, p.tail, p.cache_mode) == ("p", "ridgefill", 12, 1024, "auto")
     assert DEFAULT_TAIL == 1024
     assert p.value_rescale_c is None and p.terminal_state is None and p.requirements == ()
     assert not p.has_selection() and not p.needs_tokens and not p.needs_token_counts

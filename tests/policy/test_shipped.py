@@ -45,7 +45,8 @@ def test_one_file_per_deployment():
 def test_shipped_policy_compiles_against_its_deployment(name):
     model, maps = deployment_for(name)
     policy = compile_policy(load_policy(builtin_policy_path(name)), maps=maps, model=model)
-    assert policy.name == name and policy.arm == "ridgefill" and policy.cache_mode == "no_insert"
+    assert policy.name == name and policy.arm == "ridgefill"
+    assert policy.cache_mode == ("no_insert" if name == "plain" else "auto")  # plain: the eval's fresh-fill control
     assert (policy.split, policy.tail, policy.value_rescale_c, policy.terminal_state is not None, policy.requirements) == EXPECTED[name]
     assert policy.has_selection() == (bool(EXPECTED[name][4]) or name.endswith("quality"))
     assert resolve_policy_path(name) == builtin_policy_path(name)

@@ -169,6 +169,44 @@ def test_the_startup_report_is_what_a_plain_request_runs(cfg):
     including a server policy that leaves the split to the maps' default."""
     admitter = _admitter(**cfg)
     p = plan(admitter, None)
-    assert tuple(admitter.effective(k) for k in ("arm", "split", "tail", "cache_mode")) == (p.arm, p.split, p.tail, p.cache_mode)
+    assert tuple(admitter.effective(k) for k in ("arm", "split", "tail")) == (p.arm, p.split, p.tail)
+    assert admitter.default_cache_mode().split()[0] == p.cache_mode
     no_split = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=_policy('policy "p" { tail 64 }'))
     assert no_split.effective("split") == 12 == plan(no_split, None).split
+
+
+BARE = _policy('policy "bare" { split 12 }')  # no cache statement: auto
+
+
+def test_auto_shares_the_kv_of_plans_that_choose_no_exact_rows():
+    """``auto`` (the default): a plan that fills every prefix row whatever the question shares its KV in its
+    namespace (a later question on the document prefills only its new tokens); a plan that chooses exact rows
+    keeps it out, since a later question would inherit rows chosen for the first."""
+    bare = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", diagnostics=True), FACTS, policy=BARE,
+                    policies={"server": SERVER_POLICY})
+    assert BARE.cache_mode == "auto" and plan(bare, None).cache_mode == "namespace"
+    assert bare.default_cache_mode() == "namespace (auto)"
+    assert plan(bare, {"exact_every": 8}).cache_mode == "no_insert"
+    assert plan(bare, {"exact_rows": [3, 5]}).cache_mode == "no_insert"
+    assert plan(bare, {"arm": "nofill"}).cache_mode == "no_insert"
+    assert plan(bare, {"arm": "identity"}).cache_mode == "namespace"
+    selecting = _admitter()  # the server policy selects rows
+    assert plan(selecting, None).cache_mode == "no_insert" and selecting.default_cache_mode() == "no_insert (auto)"
+    no_policy = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS)
+    assert plan(no_policy, None).cache_mode == "namespace"
+
+
+def test_auto_never_shares_where_namespace_is_refused_or_useless():
+    pd = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, pd_prefill=True)
+    hybrid = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, recurrent_layers=(0, 1, 2))
+    for facts in (pd, hybrid):
+        admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), facts, policy=BARE)
+        assert plan(admitter, None).cache_mode == "no_insert" and admitter.default_cache_mode() == "no_insert (auto)"
+
+
+def test_an_explicit_cache_mode_beats_auto():
+    for mode in ("no_insert", "namespace"):
+        flag = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", cache_mode=mode), FACTS, policy=BARE)
+        assert plan(flag, None).cache_mode == mode and flag.default_cache_mode() == mode
+    written = _policy('policy "kept" { split 12 cache no_insert }')
+    assert plan(Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=written), None).cache_mode == "no_insert"
