@@ -86,11 +86,13 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
     ``loss_diffs``: {length, metric, arm, vs, n, diff, low, high}, documents resampled within their corpus
     source (pooled when a source has one document). ``agreement``: {length, arm, n_docs, n_tokens, top1,
     top1_doc_mean, kl_mean, kl_median, vs_identity_n, vs_identity_diff, vs_identity_low, vs_identity_high}.
-    ``splice``: {length, arm, kind, layers, metric, n_docs, loss, ridgefill, exact, share}. Intervals are 95%
+    ``splice``: {length, arm, kind, layers, metric, n_docs, loss, ridgefill, exact, share}. ``wall``:
+    :func:`wall_time`. Intervals are 95%
     BCa with ``n_resamples`` resamples.
     """
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    records = list(records)
     latest = latest_records(records)
     by_kind: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for record in latest:
@@ -110,7 +112,18 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
         "loss_diffs": _loss_diffs(documents, n_resamples),
         "agreement": _agreement(documents, n_resamples),
         "splice": _splice(documents),
+        "wall": wall_time(records),
     }
+
+
+def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """{sessions, seconds, requests} over the run's ``session`` records (None: a run from before they were
+    recorded): what the run has cost so far, every resumption included."""
+    sessions = [r for r in records if r.get("kind") == "session"]
+    if not sessions:
+        return None
+    return {"sessions": len(sessions), "seconds": round(sum(float(r["seconds"]) for r in sessions), 1),
+            "requests": sum(int(r["requests"]) for r in sessions)}
 
 
 # ---------------------------------------------------------------------------------------------- documents

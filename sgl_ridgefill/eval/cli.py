@@ -282,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
     from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
-    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
+    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, session_record, stock_check
 
     if args.engine and (args.url or args.stock_url):
         raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
@@ -379,20 +379,28 @@ def _run(args: argparse.Namespace) -> int:
     if not check_prompts:
         raise SystemExit("sgl-ridgefill eval: nothing to run (no needle samples and --docs 0)")
     backend = _engines if args.engine else _servers
-    with backend(args, model_dir, split, policy_file, max_len, None if checked else check_prompts) as (client, stock):
-        if stock is not None:
-            check = stock_check(client, stock, check_prompts)
-            store.add(check)
-            if not check["passed"]:
-                _write(args, load_records(results))
-                print("FAILED: the fill-disabled server is not byte-identical to stock: "
-                      + "; ".join(check["mismatches"]), file=sys.stderr)
-                return 3
-            print(f"check passed: fill-disabled server byte-identical to stock on {check['prompts']} prompts", flush=True)
-        jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
-        jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
-        for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
-            (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
+    jobs: list = []
+    done = 0
+    try:
+        with backend(args, model_dir, split, policy_file, max_len, None if checked else check_prompts) as (client, stock):
+            if stock is not None:
+                check = stock_check(client, stock, check_prompts)
+                store.add(check)
+                if not check["passed"]:
+                    _write(args, load_records(results))
+                    print("FAILED: the fill-disabled server is not byte-identical to stock: "
+                          + "; ".join(check["mismatches"]), file=sys.stderr)
+                    return 3
+                print(f"check passed: fill-disabled server byte-identical to stock on {check['prompts']} prompts",
+                      flush=True)
+            jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
+            jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
+            for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
+                (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
+                done += 1
+    finally:
+        # This invocation's wall time, servers included, also when it is stopped: the report adds up sessions.
+        store.add(session_record(time.perf_counter() - started, done))
     print(f"{len(jobs)} request(s) in {time.perf_counter() - started:.0f} s", flush=True)
     return _write(args, load_records(results))
 

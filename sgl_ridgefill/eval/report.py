@@ -35,7 +35,7 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
     for stale in (FILLED_PNG, DEPTH_PNG, LOSS_PNG, SPLICE_PNG):  # a plot with no data now is not drawn
         (out_dir / stale).unlink(missing_ok=True)
     meta = summary.get("meta") or {}
-    parts = [f"# {title}", _check_text(summary.get("check")), "## Setup", _setup_table(meta)]
+    parts = [f"# {title}", _check_text(summary.get("check")), "## Setup", _setup_table(meta, summary.get("wall"))]
 
     filled = [r for r in summary["retrieval"] if r["region"] == "filled"]
     tail = [r for r in summary["retrieval"] if r["region"] == "tail"]
@@ -128,7 +128,7 @@ def _check_text(check: Row | None) -> str:
             f"{check.get('compared', NA)}). The numbers below cannot be trusted until this is fixed.\n\n{shown}")
 
 
-def _setup_table(meta: Row) -> str:
+def _setup_table(meta: Row, wall: Row | None = None) -> str:
     if not meta:
         return "_No meta record in this run._"
     fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
@@ -143,6 +143,9 @@ def _setup_table(meta: Row) -> str:
             elif isinstance(value, Mapping):
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             rows.append((name, f"`{value}`" if name == "command" else value))
+    if wall:
+        rows.append(("wall time", f"{wall['seconds'] / 60:.1f} min in {wall['sessions']} session(s), "
+                                  f"{wall['requests']} request(s)"))
     return table(("setting", "value"), rows)
 
 

@@ -35,7 +35,8 @@ RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written befor
 MAP_KINDS = tuple(kinds.MAP_KINDS)
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, against the question-aware ones
-GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND)
+SELECTION_LAYERS = "selection-layers"  # which lower layers' attention chooses the rows on a deeper model
+GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +69,13 @@ class Run:
         return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
 
     def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path) -> list[list[str]]:
-        """The choose-split runs share one statistics pass holding every map kind (the same documents, so
-        their text-haystack prompts pair across kinds), then fit their kind; the others calibrate in one."""
+        """The choose-split runs and every run of another map kind share one statistics pass holding every map
+        kind (the same documents, so their text-haystack prompts pair across kinds), then fit their kind; the
+        other residual runs calibrate in one."""
         cli = [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate"]
         common = ["--model", self.model, "--corpus", "builtin", "--splits", ",".join(map(str, self.splits)),
                   "--max-tokens", str(CALIBRATION_TOKENS)]
-        if self.group != CHOOSE_SPLIT:
+        if self.group != CHOOSE_SPLIT and self.map_kind == RESIDUAL:
             return [[*cli, *common, "--out", str(maps), "--force"]]
         return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
                 [*cli, "fit", "--stats", str(stats), "--kind", self.map_kind, "--out", str(maps), "--force"]]
@@ -150,6 +152,22 @@ _QUALITY_SECOND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact
                    "--rows-select", POOLED_TAIL_ROWS)
 _SMOL_SPLITS = (15,)
 
+
+def pooled_tail_rows(layers: tuple[int, ...]) -> str:
+    """The shipped rows selection (:data:`POOLED_TAIL_ROWS`) reading the attention of ``layers``."""
+    return POOLED_TAIL_ROWS.replace("layers=[3, 7, 11]", f"layers=[{', '.join(map(str, layers))}]")
+
+
+# SmolLM2-135M has 30 layers: the shipped selection reads layers 3, 7 and 11 (chosen on the 24-layer Qwen); the
+# same selection from layers spread below its split 15 and from the three just below it, on the same 96
+# filled-region samples (kv+context maps, the exact arm once).
+SMOL_LAYER_SETS = ((3, 7, 11), (4, 9, 14), (8, 11, 14))
+
+
+def _smol_layers(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
+    arms = "exact,ridgefill+rows" if exact else "ridgefill+rows"
+    return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", pooled_tail_rows(layers))
+
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
 # (Llama family, 30 layers, 8K context); T = 1024. Then the split and map-kind comparison on the 0.5B.
 RUNS = (
@@ -191,6 +209,9 @@ RUNS = (
         group=CHOOSE_SPLIT),
     Run("smollm2-135m-kv-context-s15-pooled-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY_POOLED,
         map_kind="kv+context", group=CHOOSE_SPLIT),
+    *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
+          _smol_layers(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
+      for i, layers in enumerate(SMOL_LAYER_SETS)),
 )
 
 
@@ -265,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated run names ({', '.join(r.name for r in RUNS)})")
     parser.add_argument("--only-group", default=None, choices=GROUPS,
                         help="the runs of one group (choose-split: the map kind x split x rows comparison; "
-                             "question-blind: rows chosen without the question against the shipped selection)")
+                             "question-blind: rows chosen without the question against the shipped selection; "
+                             "selection-layers: which layers choose the rows on SmolLM2's 30)")
     parser.add_argument("--list", action="store_true", help="print each run's calibrate and eval commands; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite each run's report from its raw results (no requests), then join them")

@@ -86,6 +86,13 @@ def prompt_sha(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
+def session_record(seconds: float, requests: int) -> dict:
+    """One invocation of ``sgl-ridgefill eval`` on a results file: its wall time (servers and the stock check
+    included) and the requests it completed; a resumed run has several (``analysis.wall_time``)."""
+    return {"kind": "session", "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1),
+            "requests": requests}
+
+
 class RanExact(RuntimeError):
     """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 

@@ -474,3 +474,20 @@ def test_needle_rows_the_selection_ran_exactly(tmp_path):
     assert (row["score_whole"], row["score_partial"]) == (100.0, 50.0)
     text = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t").read_text()
     assert "| 4096 | ridgefill+rows | 4 | 30.0 | 30 | 30 | 62 % | 2 / 4 | 100.0 / 50.0 |" in text
+
+
+def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, session_record
+
+    assert wall_time([{"kind": "meta"}]) is None  # a run from before sessions were recorded
+    store = ResultStore(tmp_path / "results.jsonl")
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8})
+    store.add(session_record(90.04, 3))
+    store.add(session_record(30.0, 1))  # resumed
+    records = load_records(tmp_path / "results.jsonl")
+    assert wall_time(records) == {"sessions": 2, "seconds": 120.0, "requests": 4}
+    summary = summarize(records, n_resamples=N_RESAMPLES)
+    assert summary["wall"] == {"sessions": 2, "seconds": 120.0, "requests": 4}
+    report = write_report(summary, tmp_path, title="t", records=records).read_text()
+    assert "| wall time | 2.0 min in 2 session(s), 4 request(s) |" in report
