@@ -8,8 +8,10 @@ split, copy each report next to it, and join them.
     python -m sgl_ridgefill.eval.results --report-only   # rewrite each run's report from its raw results
     python -m sgl_ridgefill.eval.results --render-only   # rejoin the reports already in docs/results/
 
-Raw results (``results.jsonl``, server logs) stay under ``--runs-dir``; the repository keeps the reports,
-plots and ``summary.json`` under ``docs/results/<run>/``. Every step resumes where it stopped; the runs of
+Raw results (``results.jsonl``, server logs) are written under ``--runs-dir``; the repository keeps the reports,
+plots, ``summary.json`` and the records (``results.jsonl``, for runs made since it was kept) under
+``docs/results/<run>/``, so ``--report-only`` works on any machine and a run stopped on one resumes on another
+from its records (its maps are fitted again there). Every step resumes where it stopped; the runs of
 the ``choose-split`` group make the "map kind × split × rows" table (``tradeoff.py``), where a run not made
 yet reads "not run".
 """
@@ -30,6 +32,7 @@ from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 COMMAND = "python -m sgl_ridgefill.eval.results"
+RAW = "results.jsonl"  # a run's records; kept in the repository too, so a run resumes and reports anywhere
 CALIBRATION_TOKENS = 200_000
 RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written before kinds (manifest without map_kind)
 MAP_KINDS = tuple(kinds.MAP_KINDS)
@@ -215,14 +218,18 @@ RUNS = (
 )
 
 
-def exact_sources(run: Run, runs: tuple[Run, ...], runs_dir: pathlib.Path) -> tuple[pathlib.Path, ...]:
-    """The result folders made so far of ``run``'s group siblings on the same model: they share their prompts
-    and dtype, so the exact arm runs once per model and group (``sgl-ridgefill eval --exact-from``)."""
+def exact_sources(run: Run, runs: tuple[Run, ...], runs_dir: pathlib.Path,
+                  docs: pathlib.Path = REPO_DOCS) -> tuple[pathlib.Path, ...]:
+    """The result folders made so far of ``run``'s group siblings on the same model (here, else the records
+    the repository keeps): they share their prompts and dtype, so the exact arm runs once per model and group
+    (``sgl-ridgefill eval --exact-from``)."""
     if not run.group:
         return ()
-    return tuple(runs_dir / other.name for other in runs
-                 if other.group == run.group and other.model == run.model and other.name != run.name
-                 and (runs_dir / other.name / "results.jsonl").exists())
+    found = []
+    for other in runs:
+        if other.group == run.group and other.model == run.model and other.name != run.name:
+            found += [d for d in (runs_dir / other.name, docs / "results" / other.name) if (d / RAW).exists()][:1]
+    return tuple(found)
 
 
 def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT) -> list[PlannedRun]:
@@ -236,6 +243,9 @@ def run_status(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str:
     """What is left of ``run``: not started, started (its records so far), or reported."""
     results = runs_dir / run.name / "results.jsonl"
     if not results.exists():
+        kept = docs / "results" / run.name / RAW
+        if kept.exists():
+            return f"{sum(1 for _ in kept.open())} records kept in the repository (rerun to resume or finish)"
         reported = (docs / "results" / run.name / "REPORT.md").exists()
         return "reported; raw results not on this machine" if reported else "not started"
     records = sum(1 for _ in results.open())
@@ -262,18 +272,22 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
     rewrite the report from the raw results alone (None when the run has none yet)."""
     maps = runs_dir / "maps" / run.maps_name()
     out = runs_dir / run.name
+    target = docs / "results" / run.name
+    kept = target / RAW
+    if kept.exists() and not (out / RAW).exists():  # a run started on another machine resumes from its records
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kept, out / RAW)
     if report_only and not (out / "results.jsonl").exists():
         print(f"{run.name}: no results under {out} yet; skipped", flush=True)
         return None
     if not report_only and not (maps / "manifest.json").exists():
         for cmd in run.calibrate_commands(maps, runs_dir / "stats" / run.stats_name()):
             _sh(cmd)
-    command = run.eval_command(maps, out, report_only=report_only, exact_from=exact_sources(run, RUNS, runs_dir))
+    command = run.eval_command(maps, out, report_only=report_only, exact_from=exact_sources(run, RUNS, runs_dir, docs))
     _sh(command, ok=(0, _NO_CHECK) if report_only else (0,))
-    target = docs / "results" / run.name
     target.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
-        if f.suffix in (".md", ".png") or f.name in ("summary.json", "eval-rows.rfpolicy"):
+        if f.suffix in (".md", ".png") or f.name in ("summary.json", "eval-rows.rfpolicy", RAW):
             shutil.copy2(f, target / f.name)
     return target
 
@@ -306,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in chosen:
             maps = args.runs_dir / "maps" / run.maps_name()
             stats = args.runs_dir / "stats" / run.stats_name()
-            command = run.eval_command(maps, args.runs_dir / run.name, exact_from=exact_sources(run, RUNS, args.runs_dir))
+            command = run.eval_command(maps, args.runs_dir / run.name, exact_from=exact_sources(run, RUNS, args.runs_dir, args.docs))
             print(f"# {run.name} ({run_status(run, args.runs_dir, args.docs)})\n"
                   + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
                   f"{shlex.join(command)}")

@@ -140,3 +140,43 @@ def test_the_list_says_what_is_left_of_each_run(tmp_path):
     (runs / run.name / "REPORT.md").write_text("r")
     os.utime(results, (1, 1))
     assert run_status(run, runs, docs) == "done: 2 records, reported"
+
+
+def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypatch):
+    """A run stopped on one machine: its records are kept beside its report, seed the next machine's results
+    folder, serve as a sibling's exact arm, and go back to the repository with the report."""
+    docs, runs = tmp_path / "docs", tmp_path / "runs"
+    group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
+    first, second = group[0], group[1]
+    kept = docs / "results" / first.name / results.RAW
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"kind": "meta"}\n{"kind": "session", "seconds": 1.0, "requests": 0}\n')
+    assert "2 records kept in the repository" in results.run_status(first, runs, docs)
+    assert results.exact_sources(second, results.RUNS, runs, docs) == (kept.parent,)
+    (runs / "maps" / first.maps_name()).mkdir(parents=True)
+    (runs / "maps" / first.maps_name() / "manifest.json").write_text("{}")
+    ran = []
+
+    def fake_eval(cmd, ok=(0,)):  # the eval appends a record and writes its report
+        ran.append(cmd)
+        out = runs / first.name
+        with (out / results.RAW).open("a") as f:
+            f.write('{"kind": "session", "seconds": 2.0, "requests": 1}\n')
+        (out / "REPORT.md").write_text("# r\n")
+
+    monkeypatch.setattr(results, "_sh", fake_eval)
+    results.run_one(first, runs, docs)
+    assert len(ran) == 1 and (runs / first.name / results.RAW).read_text().count("\n") == 3
+    assert kept.read_text() == (runs / first.name / results.RAW).read_text()
+    assert (docs / "results" / first.name / "REPORT.md").exists()
+
+
+def test_the_selection_layer_runs_read_their_own_layers_below_the_split():
+    group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
+    assert [r.name for r in group] == [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q"
+                                       for l in results.SMOL_LAYER_SETS]
+    for run, layers in zip(group, results.SMOL_LAYER_SETS):
+        shown = f"layers=[{', '.join(map(str, layers))}]"
+        assert run.rows_select.count(shown) == 2 and max(layers) < run.split and run.map_kind == "kv+context"
+    assert results.POOLED_TAIL_ROWS == results.pooled_tail_rows((3, 7, 11))
+    assert [("exact" in r.extra[r.extra.index("--needle-arms") + 1]) for r in group] == [True, False, False]
