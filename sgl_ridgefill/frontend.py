@@ -49,7 +49,7 @@ row lies in the tail and the prompt is prefilled in one chunk, and runs the requ
 
 How the parameters get in: each ``/generate`` POST of ``RuntimeEndpoint`` goes through the module global
 ``sglang.lang.backend.runtime_endpoint.http_request``. The first endpoint wraps that global once
-(``patches.wrap_http_request``, the client-side section of ``patches.py``); the wrapper edits a body only
+(``client_patch.wrap_http_request``); the wrapper edits a body only
 while a :class:`RidgeFillEndpoint` method runs in the same context, so stock endpoints in the process are
 untouched. Each method checks that its request really passed the wrapper and raises otherwise, so an
 SGLang that posts some other way fails loudly instead of dropping the policy.
@@ -66,7 +66,8 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
-from .patches import HTTP_REQUEST, NAMESPACE_MARK, wrap_http_request
+from .client_patch import HTTP_REQUEST, wrap_http_request
+from .patches import NAMESPACE_MARK
 from .request_schema import KEY, RequestParamError, expand_shorthand, parse_request_params
 
 if TYPE_CHECKING:

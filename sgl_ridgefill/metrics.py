@@ -7,10 +7,7 @@ directory collects them beside SGLang's own. Without ``prometheus_client`` they 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .runtime.state import RequestState
+from typing import Any
 
 
 # Tensor-parallel ranks other than 0 run the same requests as rank 0 and export nothing (no double counts).
@@ -44,7 +41,9 @@ def _counters():
     }
 
 
-def record_request(st: RequestState) -> None:
+def record_request(st: Any) -> None:
+    """Count one finished request, from its state (``runtime.state.RequestState``: its plan's arm, its stats
+    and the filled rows it reused; read by name, so this module stays below the runtime)."""
     counters = _counters() if _EXPORTING["on"] else None
     if counters is None:
         return

@@ -12,23 +12,21 @@ publication and cache release (the request's state lives on SGLang's ``Req``); t
 radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
 summaries; the weight-update guard; and, on a PD prefill worker, the held-back KV sends, the descriptor in
 the metadata and the decode worker's prefix. Each hook's docstring says what SGLang does there, what
-RidgeFill changes, and why. SGLang logs and swallows plugin errors, so :func:`verify_hooks` checks, once
-SGLang has applied every plugin's hooks (:func:`verify_after_apply`), that each took effect and stops the
-process (a ``SystemExit`` is not swallowed) when one did not.
+RidgeFill changes, and why; each is one row of :data:`HOOKS`. SGLang logs and swallows plugin errors, so
+``hook_table.verify_hooks`` checks, once SGLang has applied every plugin's hooks, that each took effect and
+stops the process (a ``SystemExit`` is not swallowed) when one did not. Two changes are not HookRegistry
+hooks: the attention-backend registry entries (``attention/backends.py``, registered from
+:func:`register_hooks`) and the client-side ``http_request`` wrap (``client_patch.py``).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from . import arch
-
-logger = logging.getLogger("sgl_ridgefill")
+from .client_patch import CLIENT_TARGETS, HTTP_REQUEST, wrap_http_request  # noqa: F401 - the client-side patch
+from .hook_table import ALWAYS, CPU, ENABLED, Hook, markdown, register, targets_of
+from .hook_table import missing_hooks, verify_after_apply, verify_hooks  # noqa: F401 - the startup check
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
@@ -118,26 +116,6 @@ def after_validate_one_request(result: Any, manager: Any, obj: Any, input_ids: A
     return None
 
 
-def _register_attention_backend() -> None:
-    """``ridgefill_cpu`` joins SGLang's attention-backend registry and the ``--attention-backend`` choices."""
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
-
-    from .attention.backends import CPU_BACKEND
-
-    if CPU_BACKEND in ATTENTION_BACKENDS:
-        return
-
-    @register_attention_backend(CPU_BACKEND)
-    def create_ridgefill_cpu_backend(runner):
-        from .attention.cpu import RidgeFillCpuAttnBackend
-
-        return RidgeFillCpuAttnBackend(runner)
-
-    if CPU_BACKEND not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([CPU_BACKEND])
-
-
 def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``DecodeTransferQueue._commit_transfer_to_req`` (a PD decode worker, RidgeFill on or off): SGLang
     has received a request's KV and first token from the prefill worker; RidgeFill reads the descriptor a
@@ -212,43 +190,7 @@ def around_shared_expert_gate(original, hidden: Any, gate_weight: Any, shared: A
     return None
 
 
-def _cpu_shim_active() -> bool:
-    """Whether this process runs SGLang through the CPU recipe (the ``sgl_kernel`` stand-in is the one found)."""
-    import importlib.util
-    import os
-    import pathlib
-
-    from .cpu.environment import SHIM_DIR
-
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
-        return False
-    spec = importlib.util.find_spec("sgl_kernel")
-    origin = getattr(spec, "origin", None) if spec is not None else None
-    return origin is not None and pathlib.Path(origin).resolve().is_relative_to(SHIM_DIR)
-
-
 # ----------------------------------------------------------------------------- RidgeFill on
-def _wrap_gpu_backends() -> None:
-    """SGLang builds an attention backend by name from ``ATTENTION_BACKENDS``; RidgeFill wraps the Triton,
-    FlashInfer and fa3 factories so the backend they build becomes RidgeFill's subclass of it
-    (``attention/backends.py``), which plans row queries and otherwise behaves exactly like SGLang's. The
-    instance keeps SGLang's constructor and name-keyed logic; only its class changes."""
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-
-    from .attention.backends import GPU_BACKENDS, as_ridgefill
-
-    for name in GPU_BACKENDS:
-        factory = ATTENTION_BACKENDS.get(name)
-        if factory is None or getattr(factory, "_ridgefill", False):
-            continue
-
-        def create(runner, factory=factory, name=name):
-            return as_ridgefill(name, factory(runner))
-
-        create._ridgefill = True  # type: ignore[attr-defined]
-        ATTENTION_BACKENDS[name] = create
-
-
 def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``ModelRunner.load_model``: SGLang has built the model; RidgeFill builds its runtime (maps
     resident on the model's device, policies compiled) before SGLang sizes the KV pool around free memory."""
@@ -275,19 +217,6 @@ def after_init_attention_backends(result: Any, runner: Any, *args: Any, **kwargs
     return None
 
 
-def _request_facts(recv_req: Any):
-    from .runtime.admission import RequestFacts
-
-    unsupported = None
-    if getattr(recv_req, "input_embeds", None) is not None:
-        unsupported = "input_embeds"
-    elif getattr(recv_req, "mm_inputs", None) is not None:
-        unsupported = "multimodal input"
-    elif getattr(recv_req, "return_hidden_states", False):
-        unsupported = "return_hidden_states"
-    return RequestFacts(unsupported=unsupported)
-
-
 def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any):
     """AROUND ``Scheduler._create_generation_req``: SGLang builds the ``Req`` (for a session request, from
     the history and the new turn); RidgeFill plans it from its ``custom_params`` and the server's settings
@@ -297,6 +226,7 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     identical plans share filled KV. A bad parameter, or a cache key that names a RidgeFill namespace,
     aborts this request alone with a 400."""
     from .request_schema import RequestParamError
+    from .runtime.admission import RequestFacts
     from .runtime.runtime import get_runtime
     from .runtime.state import ATTR, RIDGEFILL_SKIP, RequestState, declined, report
 
@@ -310,7 +240,7 @@ def around_create_generation_req(original, scheduler: Any, recv_req: Any, *args:
     else:
         try:
             decision = rt.admit(getattr(getattr(recv_req, "sampling_params", None), "custom_params", None),
-                                _request_facts(recv_req))
+                                RequestFacts.of(recv_req))
         except RequestParamError as e:
             error = str(e)
     plan = decision.plan if decision is not None else None
@@ -385,45 +315,22 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
     namespace mode lets a request whose prefill completed insert into its namespace (never a partial or
     failed prefill, never a nofill request), recording first which of the rows it adds to the tree are exact.
     Only the skip RidgeFill set is cleared: a skip SGLang set since (e.g. KV that never landed) stays."""
+    from .runtime.exact_rows import record_inserted_rows
+    from .runtime.runtime import get_runtime
     from .runtime.state import LIVE, RIDGEFILL_SKIP, state_of
 
     st = state_of(req)
     if st is not None:
         insert = st.may_insert()
         if insert and req.skip_radix_cache_insert is RIDGEFILL_SKIP and not st.prior_skip:
-            _record_exact_rows(req, tree_cache, st)
+            rt = get_runtime()
+            if rt is not None:
+                record_inserted_rows(rt.exact_rows, req, tree_cache, st)
         st.release()
         LIVE.forget(req)
         if req.skip_radix_cache_insert is RIDGEFILL_SKIP:
             req.skip_radix_cache_insert = st.prior_skip if insert else True
     return original(req, tree_cache, *args, **kwargs)
-
-
-def _record_exact_rows(req: Any, tree_cache: Any, st: Any) -> None:
-    """Before a namespace request's KV enters the tree: which of its rows the tree does not hold yet (those it
-    takes from this request), and which of those are exact. Where the tree cannot be asked, the rows are
-    recorded as filled: a later match only gets shorter."""
-    from array import array
-
-    from .runtime.runtime import get_runtime
-
-    rt = get_runtime()
-    if rt is None:
-        return
-    ids = list(req.origin_input_ids) + list(getattr(req, "output_ids", None) or ())
-    keys = st.row_keys(ids)
-    try:
-        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-
-        held = tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(
-            array("q", ids), extra_key=req.extra_key, cache_salt=getattr(req, "cache_salt", None),
-        ))).device_prefix_len
-    except Exception:  # a tree this release does not know how to ask: nothing it adds reads as exact
-        logger.debug("request %s: the radix tree could not be matched before insert", req.rid, exc_info=True)
-        rt.exact_rows.forget(keys, max(st.start, 0))
-        return
-    rt.exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_positions)
 
 
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
@@ -537,23 +444,6 @@ def after_finalize_bootstrap(result: Any, queue: Any, req: Any, *args: Any, **kw
 
 
 # ----------------------------------------------------------------------------- registration
-ALWAYS, CPU, ENABLED = "always", "cpu", "enabled"  # every process; the CPU recipe; --prefill-backend ridgefill
-
-
-@dataclass(frozen=True)
-class Hook:
-    """One change to SGLang: ``function`` on ``targets`` (dotted names), ``when`` it applies; an ``after_*``
-    function runs after the target, an ``around_*`` one instead of it (given the original first)."""
-
-    targets: tuple[str, ...]
-    function: Callable
-    when: str
-
-    @property
-    def kind(self) -> str:
-        return self.function.__name__.split("_", 1)[0]
-
-
 # Every hook, once, in registration order.
 HOOKS: tuple[Hook, ...] = (
     Hook((ADD_CLI_ARGS,), after_add_cli_args, ALWAYS),
@@ -580,147 +470,30 @@ HOOKS: tuple[Hook, ...] = (
     Hook((PD_DESCRIBE,), after_set_buf, ENABLED),
     Hook((PD_BOOTSTRAP,), after_finalize_bootstrap, ENABLED),
 )
-for _hook in HOOKS:
-    assert _hook.kind in ("after", "around") and _hook.when in (ALWAYS, CPU, ENABLED), _hook
 
 
 def targets(*when: str) -> tuple[str, ...]:
-    """The dotted targets of the hooks that apply ``when``, in registration order."""
-    return tuple(t for hook in HOOKS if hook.when in when for t in hook.targets)
+    """The dotted targets of the hooks of :data:`HOOKS` that apply ``when``, in registration order."""
+    return targets_of(HOOKS, *when)
 
 
 ALWAYS_TARGETS, CPU_TARGETS, ENABLED_TARGETS = targets(ALWAYS), targets(CPU), targets(ENABLED)
 
 
-_WHEN_TEXT = {ALWAYS: "always", CPU: "CPU recipe", ENABLED: "RidgeFill on"}
-
-
 def hooks_markdown() -> str:
-    """The README's table of hooks: what each patches, how, and when."""
-    lines = ["| SGLang target | hook | when |", "|---|---|---|"]
-    for hook in HOOKS:
-        shown = ", ".join(f"`{t}`" for t in hook.targets)
-        lines.append(f"| {shown} | `{hook.function.__name__}` ({hook.kind.upper()}) | {_WHEN_TEXT[hook.when]} |")
-    return "\n".join(lines) + "\n"
+    """The README's table of :data:`HOOKS`."""
+    return markdown(HOOKS)
 
 
 def register_hooks(enabled: bool) -> tuple[str, ...]:
     """Register the hooks of :data:`HOOKS` that apply to this process, in order (and the attention backends,
     which SGLang registers by name, not through hooks); returns the dotted targets that must be patched."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from .cpu.environment import cpu_shim_active
 
-    kinds = {"after": HookType.AFTER, "around": HookType.AROUND}
-    when = (ALWAYS, *((CPU,) if _cpu_shim_active() else ()), *((ENABLED,) if enabled else ()))
-    _register_attention_backend()
+    when = (ALWAYS, *((CPU,) if cpu_shim_active() else ()), *((ENABLED,) if enabled else ()))
+    from .attention.backends import register_cpu_backend, wrap_gpu_backends
+
+    register_cpu_backend()
     if enabled:
-        _wrap_gpu_backends()
-    for hook in HOOKS:
-        if hook.when in when:
-            for target in hook.targets:
-                HookRegistry.register(target, hook.function, kinds[hook.kind])
-    return targets(*when)
-
-
-def missing_hooks(targets: tuple[str, ...]) -> list[str]:
-    """Targets whose hook is not in place (never applied, or replaced since)."""
-    import inspect
-    import pkgutil
-
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    missing = []
-    for target in targets:
-        if target not in HookRegistry._patched:  # noqa: SLF001
-            missing.append(target)
-            continue
-        owner, attr = target.rsplit(".", 1)
-        fn = inspect.getattr_static(pkgutil.resolve_name(owner), attr, None)
-        fn = getattr(fn, "__func__", fn)  # classmethod / staticmethod
-        if getattr(fn, "__wrapped__", None) is None:
-            missing.append(target)
-    return missing
-
-
-def verify_after_apply(targets: tuple[str, ...]) -> None:
-    """Run :func:`verify_hooks` on ``targets`` right after SGLang's next ``HookRegistry.apply_hooks()``.
-
-    SGLang's plugin loader runs every plugin's ``register`` and then applies all registered hooks at once;
-    ``apply_hooks`` skips targets already patched. Applying RidgeFill's hooks from its own ``register`` (to
-    verify them there) would therefore drop the hooks that a plugin loaded later puts on the same targets.
-    Instead the class attribute ``apply_hooks`` is wrapped for one call: the loader's own call applies every
-    plugin's hooks, restores the original and then verifies (a ``SystemExit`` leaves the loader, which
-    catches only ``Exception``)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    original = HookRegistry.__dict__["apply_hooks"]
-
-    def apply_then_verify(cls) -> None:
-        HookRegistry.apply_hooks = original
-        original.__func__(cls)
-        verify_hooks(targets)
-
-    HookRegistry.apply_hooks = classmethod(apply_then_verify)
-
-
-def verify_hooks(targets: tuple[str, ...]) -> None:
-    """Stop this process when a required hook did not take effect (SGLang would otherwise start without it);
-    call it after SGLang has applied the hooks (:func:`verify_after_apply`)."""
-    missing = missing_hooks(targets)
-    if missing:
-        msg = (
-            "sgl-ridgefill: --prefill-backend ridgefill was requested but these SGLang hooks did not take effect: "
-            + ", ".join(missing)
-            + ". Refusing to start a server that would silently run exact prefill."
-        )
-        logger.critical(msg)
-        raise SystemExit(msg)
-
-
-# ----------------------------------------------------------------------------- client side: frontend programs
-# This section runs in the client process of an ``@sgl.function`` program, not in SGLang's server
-# processes, so it is neither registered through HookRegistry (which the server's plugin loader applies)
-# nor in HOOKS: the first ``RidgeFillEndpoint`` installs it, and each endpoint
-# method checks that its request went through it (``frontend.py``).
-HTTP_REQUEST = "sglang.lang.backend.runtime_endpoint.http_request"
-CLIENT_TARGETS = (HTTP_REQUEST,)
-_client_patch_lock = threading.Lock()
-
-
-def wrap_http_request(stamp: Callable[[str, Any], Any]) -> None:
-    """WRAP the module global ``runtime_endpoint.http_request`` in the client process, once.
-
-    SGLang's frontend ``RuntimeEndpoint`` builds every ``/generate`` body itself and posts it through
-    this global, and ``sgl.gen`` has no ``custom_params``. RidgeFill passes each body through
-    ``stamp(url, body)`` first, which returns the body unchanged or a copy carrying
-    ``custom_params["ridgefill"]`` (``frontend.RidgeFillEndpoint``), so that a frontend program, its forks
-    and their prefix-caching requests can ask for a RidgeFill plan. Not a HookRegistry hook: it runs in
-    the client process, where no plugin loads, lazily when the first ``RidgeFillEndpoint`` is made.
-    Idempotent and thread-safe (later calls keep the first ``stamp``); ``RuntimeError`` when the target is
-    missing.
-    """
-    from sglang.lang.backend import runtime_endpoint
-
-    with _client_patch_lock:
-        original = getattr(runtime_endpoint, "http_request", None)
-        if getattr(original, "_ridgefill_seam", False):
-            return
-        if not callable(original):
-            raise RuntimeError(
-                f"{HTTP_REQUEST} is missing, so RidgeFillEndpoint cannot attach its parameters; "
-                "this SGLang version posts requests differently from the one sgl-ridgefill supports"
-            )
-
-        @functools.wraps(original)
-        def http_request(url: str, *args: Any, **kwargs: Any) -> Any:
-            # SGLang passes the body as json=... (or first positional after the URL).
-            body = args[0] if args else kwargs.get("json")
-            stamped = stamp(url, body)
-            if stamped is not body:
-                if args:
-                    args = (stamped, *args[1:])
-                else:
-                    kwargs["json"] = stamped
-            return original(url, *args, **kwargs)
-
-        http_request._ridgefill_seam = True  # type: ignore[attr-defined]
-        runtime_endpoint.http_request = http_request
+        wrap_gpu_backends()
+    return register(HOOKS, when)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .vocabulary import ARMS, SPLICES  # noqa: F401 - re-exported
+from .vocabulary import ARMS, SPLICES, setting_flag  # noqa: F401 - re-exported
 
 KEY = "ridgefill"
 WHERE = 'custom_params["ridgefill"]'
@@ -351,11 +351,9 @@ def refuse_diagnostics(params: RequestParams | None) -> None:
     without ``--ridgefill-diagnostics``); one message names them all."""
     used = diagnostic_keys_used(params)
     if used:
-        from .settings import SETTINGS_BY_NAME  # settings reads this module's limits: imported when needed
-
         raise RequestParamError(
             f"{WHERE} uses diagnostic setting(s) {', '.join(used)}; "
-            f"this server accepts them only when started with {SETTINGS_BY_NAME['diagnostics'].flag}"
+            f"this server accepts them only when started with {setting_flag('diagnostics')}"
         )
 
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .request_schema import MAX_POLICY_NAME, diagnostic_summary
-from .vocabulary import ARMS, CACHE_MODES, DEFAULT_TAIL, MAP_RESIDENCES  # noqa: F401 - re-exported
+from .vocabulary import ARMS, CACHE_MODES, DEFAULT_TAIL, FLAG_PREFIX, MAP_RESIDENCES, setting_flag  # noqa: F401
 
 ENV_PREFIX = "RIDGEFILL_"
-FLAG_PREFIX = "--ridgefill-"
 KEYWORD_PREFIX = "ridgefill_"
 
 PREFILL_BACKENDS = ("default", "ridgefill")
@@ -45,7 +44,7 @@ class Setting:
 
     @property
     def flag(self) -> str:
-        return (FLAG_PREFIX if self.prefixed else "--") + self.name.replace("_", "-")
+        return setting_flag(self.name) if self.prefixed else "--" + self.name.replace("_", "-")
 
     @property
     def env(self) -> str:

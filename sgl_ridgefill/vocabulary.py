@@ -17,6 +17,14 @@ MAP_RESIDENCES = ("device", "host")  # where the maps live while serving (host: 
 SPLICES = ("keys", "values", "both", "key_norm")  # the splice diagnostic's parts of the exact model
 # How calibration multiplies each forward piece into its float64 totals; a name starts with its torch dtype.
 ACCUMULATIONS = ("float64", "float32-blocks")
+FLAG_PREFIX = "--ridgefill-"  # a server setting NAME is the flag --ridgefill-NAME (``settings.py``)
+
+
+def setting_flag(name: str) -> str:
+    """The ``launch_server`` flag of the server setting ``name`` (``diagnostics`` -> ``--ridgefill-diagnostics``)."""
+    return FLAG_PREFIX + name.replace("_", "-")
+
+
 # The disaggregation descriptor encodes an arm as its index here: a wire format, never reordered.
 ARM_WIRE_ORDER = ("exact", "ridgefill", "identity", "nofill")
 

@@ -136,3 +136,14 @@ def server_cli_args(overrides: Mapping[str, object] | None = None) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+def cpu_shim_active() -> bool:
+    """Whether this process runs SGLang through the CPU recipe (the ``sgl_kernel`` stand-in is the one found)."""
+    import importlib.util
+
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        return False
+    spec = importlib.util.find_spec("sgl_kernel")
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return origin is not None and pathlib.Path(origin).resolve().is_relative_to(SHIM_DIR)

@@ -55,20 +55,9 @@ from ..selectors.attention import max_pool
 from ..selectors.registry import random_rows
 from . import tiles
 
-GEMM_TFLOPS = 790.0
-# Attention forward at head_dim 128, 8K-16K keys, measured on an H100 SXM5 (FlashAttention-3 paper, Fig. 5,
-# which the H200 matches in SMs and clocks): FlashAttention-3 610-648, FlashAttention-2 370, the Triton
-# tutorial kernel 395 TFLOP/s. FlashInfer's prefill is an FA2-class kernel on Hopper; SGLang's Triton extend
-# kernel is taken below the tutorial kernel (two stages, an index load per key tile, no TMA): an estimate.
-ATTENTION_TFLOPS = {"fa3": 600.0, "flashinfer": 370.0, "triton": 300.0}
-LAUNCH_US = 4.0  # CUDA launch cost per device op on the host (estimate)
-CHUNK_ROWS = 8192  # SGLang's chunked-prefill budget on an H200 (its resolved default)
+from .h200 import ATTENTION_TFLOPS, CHUNK_ROWS, GEMM_TFLOPS, LAUNCH_US, LENGTHS, SHAPES  # noqa: F401 - re-exported
+
 PROBE_ROWS = 256
-SHAPES: dict[str, tuple[ModelDims, int]] = {
-    "llama-3.1-8b": (ModelDims(32, 4096, 32, 8, 128, 14336, 128256), 12),
-    "qwen3-8b": (ModelDims(36, 4096, 32, 8, 128, 12288, 151936), 13),
-}
-LENGTHS = (16384, 32768)
 TAILS = (4096, 1024)
 SELECTIONS = ("no rows", "10% random", "10% attention", "10% pooled attention", "probe policy (~30%)")
 BACKENDS = ("triton", "flashinfer", "fa3")
@@ -416,10 +405,10 @@ def markdown(records: list[dict], command: str, machine: dict, census: dict | No
         "",
         "Every figure here is an **estimate**: no GPU ran it. Host times were measured on the CPU named below, on",
         "one torch thread, with the device tensors on PyTorch's meta device (shapes only); FLOP times use the",
-        f"rates in `sgl_ridgefill/gpu_check/estimates.py` (GEMMs {GEMM_TFLOPS:.0f} TFLOP/s; attention fa3 "
+        f"rates in `sgl_ridgefill/gpu_check/h200.py` (GEMMs {GEMM_TFLOPS:.0f} TFLOP/s; attention fa3 "
         f"{ATTENTION_TFLOPS['fa3']:.0f}, FlashInfer {ATTENTION_TFLOPS['flashinfer']:.0f}, SGLang's Triton "
-        f"{ATTENTION_TFLOPS['triton']:.0f} TFLOP/s). Selections are synthetic. How each column is made is in that",
-        "module's docstring.",
+        f"{ATTENTION_TFLOPS['triton']:.0f} TFLOP/s). Selections are synthetic. How each column is made is in the",
+        "docstring of `sgl_ridgefill/gpu_check/estimates.py`.",
         "",
         f"Command: `{command}`",
         "",

@@ -6,7 +6,7 @@ on a side stream in layer order, each into the slot the fill of the layer ``slot
 so the next chunk's first layers copy while its lower layers run. :func:`exposed_ms` simulates that ring per
 chunk (copies back to back at :data:`H2D_GBPS`, each fill waiting for its copy), and :func:`slots_to_hide`
 finds the fewest slots whose copies the compute hides. Every chunk's fill copies every upper layer once. Per
-model shape, map kind and prompt length (tail 4,096, chunks of :data:`estimates.CHUNK_ROWS` rows):
+model shape, map kind and prompt length (tail 4,096, chunks of :data:`h200.CHUNK_ROWS` rows):
 
 - ``map_mib``: one upper layer's bf16 map; ``resident_mib``: all of them (what host residence saves on the GPU);
 - ``copy_ms``: one layer's copy; ``fill_ms``: one layer's fill of a full chunk's filled rows at the GEMM rate
@@ -23,32 +23,32 @@ from typing import Any
 
 from ..bench.bounds import causal_pairs
 from ..maps.kinds import MAP_KINDS, map_kind
-from . import estimates
+from . import h200
+from .h200 import H2D_GBPS
 
 # Pinned host-to-device copies over PCIe Gen5 x16 (64 GB/s raw; ~50 sustained is typical): an estimate.
-H2D_GBPS = 50.0
 TAIL = 4096
 
 
 def stream_record(shape: str, kind_name: str, length: int, tail: int = TAIL) -> dict[str, Any]:
-    dims, split = estimates.SHAPES[shape]
+    dims, split = h200.SHAPES[shape]
     kind = map_kind(kind_name)
     d, kv = dims.hidden_size, dims.kv_size
     upper = dims.num_layers - split
     map_bytes = 2 * kind.d_out(d, kv) * (kind.d_in(d) + 1)  # A and b in bfloat16
-    rate = estimates.GEMM_TFLOPS * 1e12
+    rate = h200.GEMM_TFLOPS * 1e12
     prefix = length - tail
     chunks = []  # filled rows of each chunk (the tail's chunks fill nothing)
-    for lo in range(0, length, estimates.CHUNK_ROWS):
-        filled = max(0, min(lo + estimates.CHUNK_ROWS, prefix) - lo)
+    for lo in range(0, length, h200.CHUNK_ROWS):
+        filled = max(0, min(lo + h200.CHUNK_ROWS, prefix) - lo)
         if filled:
             chunks.append(filled)
     copy_ms = map_bytes / (H2D_GBPS * 1e9) * 1e3
     fill_ms = [rows * kind.fill_flops(d, kv) / rate * 1e3 for rows in chunks]
     # each filled chunk's lower layers: what the ring's first copies run behind
-    lower_ms = [split * _layer_ms(dims, i * estimates.CHUNK_ROWS, min(estimates.CHUNK_ROWS, length - i * estimates.CHUNK_ROWS))
+    lower_ms = [split * _layer_ms(dims, i * h200.CHUNK_ROWS, min(h200.CHUNK_ROWS, length - i * h200.CHUNK_ROWS))
                 for i in range(len(chunks))]
-    layer_ms = _layer_ms(dims, 0, min(length, estimates.CHUNK_ROWS))
+    layer_ms = _layer_ms(dims, 0, min(length, h200.CHUNK_ROWS))
     exposed = exposed_ms(copy_ms, fill_ms, lower_ms, upper, slots=2)
     hide = slots_to_hide(copy_ms, fill_ms, lower_ms, upper)
     return {
@@ -65,8 +65,8 @@ def _layer_ms(dims, lo: int, rows: int) -> float:
     """One layer's whole forward of the chunk of ``rows`` rows starting at row ``lo`` (its GEMMs at the GEMM rate,
     its causal attention over every row before it at fa3's rate), in ms."""
     attention = 4 * dims.head_dim * dims.num_heads * causal_pairs(lo, rows)
-    return (rows * 2 * dims.layer_params / (estimates.GEMM_TFLOPS * 1e12)
-            + attention / (estimates.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3
+    return (rows * 2 * dims.layer_params / (h200.GEMM_TFLOPS * 1e12)
+            + attention / (h200.ATTENTION_TFLOPS["fa3"] * 1e12)) * 1e3
 
 
 def exposed_ms(copy_ms: float, fill_ms: list[float], lower_ms: list[float], layers: int, *, slots: int) -> float:
@@ -98,7 +98,7 @@ def slots_to_hide(copy_ms: float, fill_ms: list[float], lower_ms: list[float], l
     return layers
 
 
-def records(shapes=tuple(estimates.SHAPES), lengths=estimates.LENGTHS, kinds=tuple(MAP_KINDS)) -> list[dict[str, Any]]:
+def records(shapes=tuple(h200.SHAPES), lengths=h200.LENGTHS, kinds=tuple(MAP_KINDS)) -> list[dict[str, Any]]:
     return [stream_record(s, k, n) for s in shapes for k in kinds for n in lengths]
 
 
@@ -114,7 +114,7 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
         f"`--ridgefill-map-residence host`: each upper layer's bf16 map copied to the device once per chunk's fill, "
         f"at {H2D_GBPS:.0f} GB/s (pinned, PCIe Gen5: an estimate), through a ring of `--ridgefill-map-slots` device "
         f"buffers filled in layer order, the next chunk's first layers during its lower layers (tail {TAIL:,}, "
-        f"chunks of {estimates.CHUNK_ROWS:,} rows). `fill ms`: one layer's fill of a full chunk's filled rows; "
+        f"chunks of {h200.CHUNK_ROWS:,} rows). `fill ms`: one layer's fill of a full chunk's filled rows; "
         "`lower layer ms`: one lower layer's forward of a chunk; `exposed ms (2 slots)`: copy time the compute "
         "does not hide with the default ring, per request; `slots to hide`: the fewest slots that hide it, and the "
         "device memory they hold (against `resident MiB` for the maps all on the device). Estimates: a simulation "

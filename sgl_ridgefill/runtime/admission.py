@@ -100,6 +100,18 @@ class RequestFacts:
 
     unsupported: str | None = None  # input_embeds, multimodal input, hidden states, ...
 
+    @classmethod
+    def of(cls, recv_req: Any) -> "RequestFacts":
+        """The facts of SGLang's tokenized request ``recv_req``."""
+        unsupported = None
+        if getattr(recv_req, "input_embeds", None) is not None:
+            unsupported = "input_embeds"
+        elif getattr(recv_req, "mm_inputs", None) is not None:
+            unsupported = "multimodal input"
+        elif getattr(recv_req, "return_hidden_states", False):
+            unsupported = "return_hidden_states"
+        return cls(unsupported=unsupported)
+
 
 class Admitter:
     """Plans requests against one server's settings, policies and facts."""

@@ -28,10 +28,14 @@ Engine-free: numpy and the standard library.
 from __future__ import annotations
 
 import itertools
+import logging
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger("sgl_ridgefill")
 
 # Two primes below 2**31: products of two residues fit int64, and a prefix sum of residues stays below 2**63
 # for any prompt shorter than 2**32 rows. A key is the pair of polynomial hashes, one 62-bit integer.
@@ -137,3 +141,25 @@ class ExactRows:
             self._exact[key] = None
         for key in list(itertools.islice(self._exact, max(len(self._exact) - self.capacity, 0))):
             del self._exact[key]
+
+
+def record_inserted_rows(exact_rows: "ExactRows", req: Any, tree_cache: Any, st: Any) -> None:
+    """Before a namespace request's KV enters the tree: which of its rows the tree does not hold yet (those it
+    takes from this request), and which of those are exact. Where the tree cannot be asked, the rows are
+    recorded as filled: a later match only gets shorter."""
+    from array import array
+
+    ids = list(req.origin_input_ids) + list(getattr(req, "output_ids", None) or ())
+    keys = st.row_keys(ids)
+    try:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        held = tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(
+            array("q", ids), extra_key=req.extra_key, cache_salt=getattr(req, "cache_salt", None),
+        ))).device_prefix_len
+    except Exception:  # a tree this release does not know how to ask: nothing it adds reads as exact
+        logger.debug("request %s: the radix tree could not be matched before insert", req.rid, exc_info=True)
+        exact_rows.forget(keys, max(st.start, 0))
+        return
+    exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_positions)

@@ -81,7 +81,7 @@ def test_streamed_maps_estimate_counts_every_chunks_copies(monkeypatch):
     monkeypatch.setattr(map_stream, "H2D_GBPS", 1e4)  # a copy far faster than the fill hides entirely
     fast = map_stream.stream_record("llama-3.1-8b", "residual", 16384)
     assert fast["hidden"] and fast["exposed_ms"] == 0.0
-    assert len(map_stream.records()) == len(map_stream.estimates.SHAPES) * 4 * len(map_stream.estimates.LENGTHS)
+    assert len(map_stream.records()) == len(map_stream.h200.SHAPES) * 4 * len(map_stream.h200.LENGTHS)
     assert "## Maps streamed from host memory" in "\n".join(map_stream.markdown([r]))
 
 
