@@ -40,8 +40,8 @@ def resolve_cache_mode(mode: str | None, *, arm: str, selects: bool, facts: "Ser
     ``auto`` shares a request's KV in its namespace when the plan fills every prefix row the same way
     whatever the question (no exact rows chosen), so a later request on the same prefix gets what a fresh
     fill would give, and keeps it out of the cache (``no_insert``) when the plan chooses exact rows: a
-    selection reads the prompt's end, and a later question would inherit rows chosen for the first.
-    ``nofill`` (its upper layers hold nothing for the prefix) and a PD prefill worker (the decode worker's
+    selection reads the prompt's end, and a later question would inherit rows chosen for the first (a
+    kv+context fill counts as choosing: it reuses no cached prefix, so nothing could share it). ``nofill`` (its upper layers hold nothing for the prefix) and a PD prefill worker (the decode worker's
     radix cache holds exact KV only) never insert; hybrid models refuse ``namespace`` and resolve ``auto`` to
     ``no_insert`` (a recurrent state stored under a namespace is not proven safe to share)."""
     mode = mode or DEFAULT_CACHE_MODE
@@ -144,7 +144,7 @@ class Admitter:
         """The cache mode a request that sets nothing runs with (the startup line), by the one resolution
         admission uses: ``auto`` is shown with what it resolves to."""
         mode = self.effective("cache_mode") or DEFAULT_CACHE_MODE
-        selects = self.policy is not None and self.policy.has_selection()
+        selects = (self.policy is not None and self.policy.has_selection()) or self.facts.maps_context
         try:
             resolved = resolve_cache_mode(mode, arm=self.effective("arm") or DEFAULT_ARM, selects=selects, facts=self.facts)
         except RequestParamError:
@@ -231,7 +231,8 @@ class Admitter:
         use_policy = policy if (policy is not None and not explicit and policy.has_selection()) else None
         if use_policy is not None:
             self.check_policy(use_policy, split)
-        selects = explicit or use_policy is not None
+        # A kv+context fill matches no cached prefix (it needs every row's split state): nothing could reuse it.
+        selects = explicit or use_policy is not None or context
         cache_mode = resolve_cache_mode(pick("cache_mode"), arm=arm, selects=selects, facts=facts)
         terminal = getattr(getattr(policy, "terminal_state", None), "offsets", None)
         if arm == "nofill" or not any(l >= split for l in facts.recurrent_layers):

@@ -199,7 +199,8 @@ def test_auto_shares_the_kv_of_plans_that_choose_no_exact_rows():
 def test_auto_never_shares_where_namespace_is_refused_or_useless():
     pd = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, pd_prefill=True)
     hybrid = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, recurrent_layers=(0, 1, 2))
-    for facts in (pd, hybrid):
+    context = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, maps_context=True)  # reuses nothing
+    for facts in (pd, hybrid, context):
         admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), facts, policy=BARE)
         assert plan(admitter, None).cache_mode == "no_insert" and admitter.default_cache_mode() == "no_insert (auto)"
 
