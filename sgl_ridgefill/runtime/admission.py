@@ -144,12 +144,17 @@ class Admitter:
         """The cache mode a request that sets nothing runs with (the startup line), by the one resolution
         admission uses: ``auto`` is shown with what it resolves to."""
         mode = self.effective("cache_mode") or DEFAULT_CACHE_MODE
-        selects = (self.policy is not None and self.policy.has_selection()) or self.facts.maps_context
+        arm = self.effective("arm") or DEFAULT_ARM
+        selection = self.policy is not None and self.policy.has_selection()
         try:
-            resolved = resolve_cache_mode(mode, arm=self.effective("arm") or DEFAULT_ARM, selects=selects, facts=self.facts)
+            resolved = resolve_cache_mode(mode, arm=arm, selects=selection or self._context(arm), facts=self.facts)
         except RequestParamError:
             return mode  # refused at startup for hybrids (factory), per request otherwise
         return f"{resolved} (auto)" if mode == "auto" else resolved
+
+    def _context(self, arm: str) -> bool:
+        """A kv+context fill: the maps are kv+context and the arm fills with them."""
+        return arm == "ridgefill" and self.facts.maps_context
 
     def admit(self, custom_params: Mapping[str, Any] | None, request: RequestFacts = RequestFacts()) -> Admission:
         """The request's plan, or why it runs exactly. Raises ``RequestParamError`` (HTTP 400)."""
@@ -213,7 +218,7 @@ class Admitter:
             raise RequestParamError("value_rescale needs filled values; the nofill arm has none")
         if splice is not None and value_rescale is not None:
             raise RequestParamError("splice measures the fill itself; turn value_rescale off (value_rescale: 0)")
-        context = arm == "ridgefill" and facts.maps_context
+        context = self._context(arm)
         if context and value_rescale is not None:
             raise RequestParamError(
                 "value_rescale cannot run with kv+context maps (the tail's features need the whole prompt's context); "

@@ -211,3 +211,12 @@ def test_an_explicit_cache_mode_beats_auto():
         assert plan(flag, None).cache_mode == mode and flag.default_cache_mode() == mode
     written = _policy('policy "kept" { split 12 cache no_insert }')
     assert plan(Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=written), None).cache_mode == "no_insert"
+
+
+def test_the_startup_cache_mode_follows_the_arm_with_kv_context_maps():
+    """The startup line and admission resolve ``auto`` alike: kv+context maps keep a RidgeFill plan's KV out,
+    but an identity-arm server fills without them and shares."""
+    context = ServerFacts(num_layers=24, maps_splits=(12,), default_split=12, maps_context=True)
+    for arm in ("ridgefill", "identity"):
+        admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", arm=arm), context, policy=BARE)
+        assert admitter.default_cache_mode().split()[0] == plan(admitter, None).cache_mode
