@@ -6,7 +6,7 @@ fingerprints match the converted model (else fit maps on real text, cached), sta
 with RidgeFill, and print both answers, both TTFTs, their ratio and the bounds.
 
 What runs adapts to the CPU: the model's dtype (``cpu/dtype.py``: bfloat16 only where matmuls run natively
-in it), and, from a one-second matmul measurement in that dtype (``cpu/sizing.py``), the prompt length (the
+in it), and, from a one-second matmul measurement in that dtype (``tools/sizing.py``), the prompt length (the
 longest of 8K, 4K and 2K whose estimated exact + RidgeFill prefill fits ``--budget-s``) and, when it must
 calibrate, the calibration tokens (what fits ``--calib-budget-s``).
 """
@@ -22,6 +22,9 @@ import sys
 import time
 
 from .cpu.dtype import CHOICES as DTYPE_CHOICES
+from .tools import args as argtypes
+
+POSITIVE_OR_AUTO = argtypes.integer(minimum=1, auto=True)
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 PROMPT_LENGTHS = (8192, 4096, 2048)
@@ -84,7 +87,7 @@ def choose_maps(args: argparse.Namespace, model_dir: pathlib.Path, cache: pathli
         _say(f"the shipped maps do not match the converted model ({fit.reason}); fitting them on this machine")
     tokens = args.calib_tokens
     if tokens is None:
-        from .cpu.sizing import calibration_tokens_per_s, choose_calibration_tokens
+        from .tools.sizing import calibration_tokens_per_s, choose_calibration_tokens
 
         tokens = choose_calibration_tokens(rate.dims, rate.throughput, args.calib_budget_s)
         speed = calibration_tokens_per_s(rate.dims, 2048, rate.throughput)
@@ -108,7 +111,7 @@ class _Rate:
     @property
     def throughput(self):
         if self._throughput is None:
-            from .cpu.sizing import measure_matmul
+            from .tools.sizing import measure_matmul
 
             self._throughput = measure_matmul(self.dims, self.dtype, threads=self.threads)
             _say(f"matmul throughput: {self._throughput.gflops:.0f} GFLOP/s in {self.dtype} on {self.threads} "
@@ -176,10 +179,10 @@ def _stream_ttft(url: str, ids: list[int], ridgefill: dict, max_new_tokens: int)
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from .bench.bounds import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
+    from .tools.flops import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
     from .cpu.dtype import CpuFeatures, choose_dtype
     from .cpu.environment import usable_cores
-    from .cpu.sizing import choose_prompt_length, pair_seconds
+    from .tools.sizing import choose_prompt_length, pair_seconds
     from .models import fetch_model
     from .models.fetch import default_cache_dir
 
@@ -240,22 +243,10 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
-def _positive_or_auto(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
-    return value
-
-
 def add_subparser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="end-to-end demo on CPU: model, maps, server, exact vs RidgeFill")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--tokens", type=_positive_or_auto, default=None, metavar="auto|N",
+    p.add_argument("--tokens", type=POSITIVE_OR_AUTO, default=None, metavar="auto|N",
                    help="prompt length (default auto: the longest of 8192, 4096, 2048 that fits --budget-s here)")
     p.add_argument("--budget-s", type=float, default=150.0,
                    help="seconds the exact and the RidgeFill prefill may take together, estimated from a one-second "
@@ -268,7 +259,7 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit maps on this machine instead of using the shipped ones (a folder fitted earlier with the "
                    "same settings is reused)")
-    p.add_argument("--calib-tokens", type=_positive_or_auto, default=None, metavar="auto|N",
+    p.add_argument("--calib-tokens", type=POSITIVE_OR_AUTO, default=None, metavar="auto|N",
                    help="calibration tokens when fitting (default auto: up to 200000, what fits --calib-budget-s here)")
     p.add_argument("--calib-budget-s", type=float, default=600.0,
                    help="seconds the calibration pass may take, estimated (default 600)")

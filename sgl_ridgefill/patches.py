@@ -142,11 +142,11 @@ def after_mooncake_sender_init(result: Any, sender: Any, *args: Any, **kwargs: A
 def around_gated_norm_forward(original, norm: Any, x: Any, z: Any = None) -> Any:
     """AROUND fla's gated ``RMSNorm.forward`` (the output norm of Gated DeltaNet layers, Qwen3.5): on a CPU
     without AMX SGLang sends CPU tensors to a Triton kernel, which cannot run them; the CPU recipe computes
-    the same norm in PyTorch (``cpu/gdn_ops.py``). Registered only where the CPU ``sgl_kernel`` stand-in is
+    the same norm in PyTorch (``gdn_ops.py``). Registered only where the CPU ``sgl_kernel`` stand-in is
     in use; any other tensor still goes to SGLang's kernel."""
     if getattr(x, "device", None) is None or x.device.type != "cpu":
         return original(norm, x, z)
-    from .cpu.gdn_ops import rmsnorm_gated
+    from .gdn_ops import rmsnorm_gated
 
     return rmsnorm_gated(x, norm.weight, z, norm.eps, norm.activation, norm.norm_before_gate, norm.group_size)
 
@@ -156,7 +156,7 @@ def around_fused_gated_norm_forward(original, norm: Any, x: Any, g: Any, residua
     :func:`around_gated_norm_forward`; calls with a residual still go to SGLang's kernel."""
     if getattr(x, "device", None) is None or x.device.type != "cpu" or residual is not None or args or kwargs.get("prenorm"):
         return original(norm, x, g, residual, *args, **kwargs)
-    from .cpu.gdn_ops import rmsnorm_gated
+    from .gdn_ops import rmsnorm_gated
 
     return rmsnorm_gated(x, norm.weight, g, norm.eps, norm.activation)
 

@@ -11,7 +11,7 @@ from sgl_ridgefill import arch
 def test_every_list_of_architectures_is_derived_from_the_table(tmp_path):
     from sgl_ridgefill import patches
     from sgl_ridgefill.bench import phases
-    from sgl_ridgefill.bench.bounds import ModelDims
+    from sgl_ridgefill.tools.flops import ModelDims
     from sgl_ridgefill.calibration.capture import SUPPORTED_ARCHITECTURES
     from sgl_ridgefill.cpu.environment import is_hybrid_model
     from sgl_ridgefill.runtime.adapter import SUPPORTED_ARCHITECTURES as DENSE

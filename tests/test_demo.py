@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 from sgl_ridgefill import demo
-from sgl_ridgefill.bench.bounds import ModelDims
-from sgl_ridgefill.cpu.sizing import Throughput
+from sgl_ridgefill.tools.flops import ModelDims
+from sgl_ridgefill.tools.sizing import Throughput
 from sgl_ridgefill.shipped_maps import Fit
 
 QWEN_05B = ModelDims(num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, head_dim=64,

@@ -18,6 +18,7 @@ _CORE = (
     ("sgl_ridgefill/attention/steps.py", "sgl_ridgefill.attention.steps"),
     ("sgl_ridgefill/attention/metadata.py", "sgl_ridgefill.attention.metadata"),
     ("sgl_ridgefill/attention/staging.py", "sgl_ridgefill.attention.staging"),
+    ("sgl_ridgefill/attention/contract.py", "sgl_ridgefill.attention.contract"),
     ("sgl_ridgefill/ledger.py", "sgl_ridgefill.ledger"),
     ("sgl_ridgefill/runtime/host_rows.py", "sgl_ridgefill.runtime.host_rows"),
     ("sgl_ridgefill/gpu_check/census.py", "sgl_ridgefill.gpu_check.census"),
@@ -25,13 +26,11 @@ _CORE = (
     ("sgl_ridgefill/gpu_check/estimates.py", "sgl_ridgefill.gpu_check.estimates"),
     ("sgl_ridgefill/calibration/solve.py", "sgl_ridgefill.calibration.solve"),
     ("sgl_ridgefill/calibration/stats.py", "sgl_ridgefill.calibration.stats"),
-    ("sgl_ridgefill/bench/bounds.py", "sgl_ridgefill.bench.bounds"),
-    ("sgl_ridgefill/bench/machine.py", "sgl_ridgefill.bench.machine"),
+    ("sgl_ridgefill/tools", "sgl_ridgefill.tools"),
     ("sgl_ridgefill/bench/results.py", "sgl_ridgefill.bench.results"),
     ("sgl_ridgefill/cpu/dtype.py", "sgl_ridgefill.cpu.dtype"),
-    ("sgl_ridgefill/cpu/sizing.py", "sgl_ridgefill.cpu.sizing"),
     ("sgl_ridgefill/shipped_maps.py", "sgl_ridgefill.shipped_maps"),
-    ("sgl_ridgefill/cpu/gdn_ops.py", "sgl_ridgefill.cpu.gdn_ops"),
+    ("sgl_ridgefill/gdn_ops.py", "sgl_ridgefill.gdn_ops"),
     ("sgl_ridgefill/gdn_layout.py", "sgl_ridgefill.gdn_layout"),
     ("sgl_ridgefill/arch.py", "sgl_ridgefill.arch"),
 )
@@ -53,7 +52,7 @@ def core_modules() -> list[str]:
 def test_the_core_list_finds_modules():
     names = core_modules()
     assert "sgl_ridgefill.selectors.registry" in names and "sgl_ridgefill.policy.compiler" in names
-    assert "sgl_ridgefill.bench.bounds" in names and "sgl_ridgefill.kernels.map_apply" in names
+    assert "sgl_ridgefill.tools.flops" in names and "sgl_ridgefill.tools.args" in names and "sgl_ridgefill.kernels.map_apply" in names
 
 
 def test_engine_free_core_imports_no_sglang():

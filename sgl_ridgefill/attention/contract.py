@@ -14,8 +14,8 @@ Capabilities, class attributes of an attention backend:
 
 - ``ridgefill_row_queries``: runs :class:`RowQueries` steps, groups and runs (:class:`RowQueryBackend`);
 - ``ridgefill_visible_keys``: plans visible-key masks (the nofill arm, the probe);
-- ``ridgefill_hidden_keys``: decode steps skip the keys a finished nofill request hides
-  (``sgl_ridgefill.runtime.state.LIVE.hidden_keys``);
+- ``ridgefill_hidden_keys``: decode steps skip the keys a finished nofill request hides (:func:`hidden_keys`,
+  answered by the live requests the runtime hands over with :func:`serve_requests`);
 - ``ridgefill_hidden_keys_in_extend``: so do the rows of such a request that run inside an extend batch
   (``--enable-mixed-chunk``).
 """
@@ -81,6 +81,43 @@ def row_queries(scope: RowQueries) -> Iterator[None]:
 
 def current_row_queries() -> RowQueries | None:
     return _SCOPE.get()
+
+
+class LiveRequests(Protocol):
+    """What the backends ask about the requests in flight, by request id (the runtime's registry answers)."""
+
+    def hidden_keys(self, rid: str | None, layer_id: int) -> torch.Tensor | None:
+        """``[B]`` bool (True = hidden): the keys a nofill request's queries must not see in ``layer_id``."""
+
+    def req(self, rid: str | None) -> Any:
+        """SGLang's ``Req`` of a RidgeFill request, else ``None``."""
+
+
+class _NoRequests:
+    def hidden_keys(self, rid: str | None, layer_id: int) -> None:
+        return None
+
+    def req(self, rid: str | None) -> None:
+        return None
+
+
+_LIVE: LiveRequests = _NoRequests()
+
+
+def serve_requests(live: LiveRequests) -> None:
+    """Make ``live`` what :func:`hidden_keys` and :func:`request` answer from (the runtime, once per process)."""
+    global _LIVE
+    _LIVE = live
+
+
+def hidden_keys(rid: str | None, layer_id: int) -> torch.Tensor | None:
+    """The keys request ``rid`` hides in ``layer_id`` (``None``: it hides none, or it is no RidgeFill request)."""
+    return _LIVE.hidden_keys(rid, layer_id)
+
+
+def request(rid: str | None) -> Any:
+    """SGLang's ``Req`` of RidgeFill request ``rid`` (``None`` for any other)."""
+    return _LIVE.req(rid)
 
 
 def _part(backend: Any, name: str) -> Any:

@@ -23,8 +23,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from ..runtime.state import LIVE
-from .contract import current_row_queries
+from .contract import current_row_queries, hidden_keys
 
 BACKEND_NAME = "ridgefill_cpu"
 # Query rows per masked SDPA call: bounds the [rows, keys] mask (torch's CPU kernel tiles the scores).
@@ -78,7 +77,7 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
             seq_len = int(seq_lens[i])
             slots = req_to_token[forward_batch.req_pool_indices[i], :seq_len]
             rid = forward_batch.rids[i] if forward_batch.rids else None
-            visible = _visible(LIVE.hidden_keys(rid, layer.layer_id), seq_len, q.device)
+            visible = _visible(hidden_keys(rid, layer.layer_id), seq_len, q.device)
             rows = slice(start, start + n)
             self._attend_rows(q_[rows], o_[rows], slots, forward_batch.positions[rows], visible, layer)
             start += n
@@ -86,7 +85,7 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         rids = forward_batch.rids or ()
-        hidden = [LIVE.hidden_keys(rid, layer.layer_id) for rid in rids]
+        hidden = [hidden_keys(rid, layer.layer_id) for rid in rids]
         if all(h is None for h in hidden) or layer.is_cross_attention or forward_batch.encoder_lens is not None:
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         # A nofill request: its filled rows hold nothing in the upper layers, so its decode queries skip them.

@@ -17,7 +17,7 @@ import dataclasses
 
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
 
-from ..runtime.state import LIVE
+from .contract import hidden_keys, request
 from .metadata import RUN_ARGS, decode_kv_lists
 from .rowquery import RowQueryExtend
 
@@ -51,7 +51,7 @@ class RidgeFillTritonBackend(RowQueryExtend, TritonAttnBackend):
     # ------------------------------------------------------------------ decode
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         rids = forward_batch.rids or ()
-        if not any(LIVE.hidden_keys(rid, layer.layer_id) is not None for rid in rids):
+        if not any(hidden_keys(rid, layer.layer_id) is not None for rid in rids):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         stock, lean = self.forward_metadata, self.enable_lean_attention
         self.forward_metadata = self._decode_metadata(forward_batch, layer.layer_id)
@@ -66,7 +66,7 @@ class RidgeFillTritonBackend(RowQueryExtend, TritonAttnBackend):
         (cached per forward: every upper layer of one split shares them). Reads the lengths and request rows on
         the host (the batch's host copies, else each request's ``Req``), so building it does not wait for the
         device unless a request of the batch is neither (then one read of its rows)."""
-        hidden = tuple(LIVE.hidden_keys(rid, layer_id) is not None for rid in forward_batch.rids)
+        hidden = tuple(hidden_keys(rid, layer_id) is not None for rid in forward_batch.rids)
         cached = getattr(self, "_rf_decode", None)
         if cached is not None and cached[0] is forward_batch and cached[1] == hidden:
             return cached[2]
@@ -76,7 +76,7 @@ class RidgeFillTritonBackend(RowQueryExtend, TritonAttnBackend):
         rows, visible = [], []
         for i, seq_len in enumerate(seq_lens):
             rows.append(req_to_token[req_rows[i], :seq_len])
-            keys = LIVE.hidden_keys(forward_batch.rids[i], layer_id)
+            keys = hidden_keys(forward_batch.rids[i], layer_id)
             if keys is None:
                 visible.append(None)
                 continue
@@ -99,7 +99,7 @@ def _request_rows(forward_batch) -> list[int]:
     each request's ``Req`` (decode batches; RidgeFill knows the ``Req`` of its own requests), else read."""
     if forward_batch.req_pool_indices_cpu is not None:
         return forward_batch.req_pool_indices_cpu.tolist()
-    reqs = [LIVE.req(rid) for rid in forward_batch.rids]
+    reqs = [request(rid) for rid in forward_batch.rids]
     if all(req is not None and getattr(req, "req_pool_idx", None) is not None for req in reqs):
         return [int(req.req_pool_idx) for req in reqs]
     return forward_batch.req_pool_indices.tolist()

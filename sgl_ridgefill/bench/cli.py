@@ -30,33 +30,14 @@ from typing import Any
 
 from ..cpu.dtype import CHOICES as DTYPE_CHOICES
 from ..vocabulary import DEFAULT_TAIL
-from .bounds import ModelDims
+from ..tools.flops import ModelDims
+from ..tools import args as argtypes
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_SPLIT = 12
 # sgl_ridgefill.maps.format.MANIFEST, spelled out: importing the maps package pulls in torch, which the
 # benchmark client does not need.
 MAPS_MANIFEST = "manifest.json"
-
-
-def _lengths(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts like 2048,4096, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive token counts, got {text!r}")
-    return values
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"tail\": 2048}}', got {text!r}")
-    return value
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +54,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="with --serve: the server's dtype (default auto: bfloat16 where this CPU has native bfloat16 "
                    "matmuls, else float32)")
-    p.add_argument("--lengths", type=_lengths, default=(2048, 4096, 8192), help="prompt lengths in tokens (default 2048,4096,8192)")
+    p.add_argument("--lengths", type=argtypes.token_counts, default=(2048, 4096, 8192), help="prompt lengths in tokens (default 2048,4096,8192)")
     p.add_argument("--pairs", type=int, default=3, help="exact/RidgeFill pairs per length (default 3)")
     p.add_argument("--model-path", type=pathlib.Path, default=None, help="HF folder for the model's shape (default: the server's model_path)")
     p.add_argument("--ridgefill-maps", type=pathlib.Path, default=None, help="maps folder: its default split feeds the bounds")
@@ -84,7 +65,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
                    help="the RidgeFill arm's policy (a shipped name or a .rfpolicy file); with exact rows it is measured "
                    "beside the bare fill")
     p.add_argument("--exact-fraction", type=float, default=0.0, help="share of prefix rows the server's policy computes exactly (bounds only; default 0)")
-    p.add_argument("--rf-params", type=_json_object, default={}, help='custom_params["ridgefill"] of the RidgeFill arm (default {}: the server\'s settings)')
+    p.add_argument("--rf-params", type=argtypes.json_object, default={}, help='custom_params["ridgefill"] of the RidgeFill arm (default {}: the server\'s settings)')
     p.add_argument("--warmup", type=int, default=1, help="untimed pairs before measuring (default 1)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
     p.add_argument("--stream", action="store_true", help="time the first streamed chunk instead of the whole 1-token request")
@@ -165,7 +146,7 @@ def selector_flops(policy, dims: ModelDims, length: int, split: int, tail: int) 
     rows against every key in its layers, twice (the statistics kernel's two passes); each probe's rows
     through the upper layers (projections, MLP and attention over the prompt)."""
     from ..selectors.base import AttentionRequirement, ProbeRequirement
-    from .bounds import attention_selector_flops
+    from ..tools.flops import attention_selector_flops
 
     total = 0.0
     for req in getattr(policy, "requirements", ()):
@@ -204,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ridgefill_policy is not None:
         # The server runs the policy; the bare-fill arm asks for the shipped policy "plain" per request.
         flags += ["--ridgefill-policy", args.ridgefill_policy, "--ridgefill-request-policies", "plain"]
-    if not _has_tokenizer(model_dir):  # a random-weight folder (bench/synthetic.py): the bench sends token ids
+    if not _has_tokenizer(model_dir):  # a random-weight folder (tools/synthetic.py): the bench sends token ids
         flags += ["--skip-tokenizer-init"]
     started: list = []
     from ..models.fetch import default_cache_dir
@@ -224,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, served: str | None) -> int:
-    from .client import BenchClient, ServerError
-    from .machine import folder_name, machine_record, process_environment, served_dtype
+    from ..tools.client import BenchClient, ServerError
+    from ..tools.machine import folder_name, machine_record, process_environment, served_dtype
     from .report import JSON_NAME, PNG_NAME, format_table, plot, report_dict, write_json
     from .runner import BenchConfig, run_bench
 
@@ -290,7 +271,7 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
 
 def _server_info(client) -> dict[str, Any]:
     """``GET /get_server_info``, or ``{}`` from a server without it."""
-    from .client import ServerError
+    from ..tools.client import ServerError
 
     try:
         return client.get_json("/get_server_info")
@@ -325,18 +306,6 @@ def command_line(args: argparse.Namespace) -> str:
     words += [flag for flag, on in (("--stream", args.stream), ("--no-flush", not args.flush)) if on]
     words += ["--out", args.out]
     return " ".join(shlex.quote(w) for w in words)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m sgl_ridgefill.bench.cli``) until the top-level command wires it in."""
-    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 def _has_tokenizer(model_dir) -> bool:

@@ -16,12 +16,12 @@ for the other intra-op threads at the end of a parallel region, so that time wou
 
 from __future__ import annotations
 
-import argparse
 import collections
 import pathlib
 from collections.abc import Iterable, Sequence
 
 from ..arch import FAMILIES
+from ..tools import args as argtypes
 
 # (frame function name, phase), innermost match wins.
 PHASES: tuple[tuple[str, str], ...] = (
@@ -115,7 +115,7 @@ def format_phases(table: dict[tuple[str, str], int], sample_rate: float | None =
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.bench.phases", description=__doc__.splitlines()[0])
+    parser = argtypes.command_parser("sgl_ridgefill.bench.phases", __doc__)
     parser.add_argument("profile", type=pathlib.Path, help="py-spy record --format raw output")
     parser.add_argument("--rate", type=float, default=None, help="the -r given to py-spy, to print seconds")
     args = parser.parse_args(argv)

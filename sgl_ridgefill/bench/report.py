@@ -8,7 +8,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bounds import ModelDims
+from ..tools.flops import ModelDims
 from .runner import BARE, EXACT, RIDGEFILL, BenchConfig, LengthSummary, Record
 
 JSON_NAME = "bench.json"

@@ -12,12 +12,13 @@ reached. Nothing here starts a server or imports torch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..tools import args as argtypes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH_DIR = REPO / "docs" / "bench"
@@ -134,7 +135,7 @@ def render(folders: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser = argtypes.command_parser(COMMAND.removeprefix("python -m "), __doc__)
     parser.add_argument("--bench-dir", type=pathlib.Path, default=BENCH_DIR, help="folders of bench.json (default docs/bench)")
     parser.add_argument("--out", type=pathlib.Path, default=OUTPUT, help="the page to write (default docs/BENCHMARKS.md)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is out of date")

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .bounds import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
+from ..tools.flops import ModelDims, RidgeFillShape, flop_bound, layer_pass_bound
 
 EXACT, BARE, RIDGEFILL = "exact", "bare", "ridgefill"
 ARMS = (EXACT, RIDGEFILL)

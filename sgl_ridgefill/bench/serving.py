@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cpu.dtype import choose_dtype
     from ..cpu.launch_server_process import running_server
     from ..models import resolve_model
-    from .machine import machine_record
+    from ..tools.machine import machine_record
 
     workloads = [w for w in args.workloads.split(",") if w]
     servers = [s for s in args.servers.split(",") if s]
@@ -207,14 +207,3 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "SERVING.md").write_text(markdown(report))
     print(markdown(report))
     return 0 if all("error" not in r for e in report["workloads"].values() for r in e.values()) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench-serving", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,7 +9,6 @@ log-sum-exp with an unmasked call over the prefix. Heads are Qwen2.5-0.5B's (14 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 from ..attention.cpu import QUERY_BLOCK, _flash
+from ..tools import args as argtypes
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
 
@@ -42,18 +42,19 @@ def split(q, k, v, prefix: int, scale: float) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.bench.tail_attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="8192,16384")
+    parser = argtypes.command_parser("sgl_ridgefill.bench.tail_attention", __doc__)
+    parser.add_argument("--lengths", type=argtypes.token_counts, default=(8192, 16384))
     parser.add_argument("--tail", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", type=argtypes.choices(("float32", "bfloat16", "float16"), what="dtype"),
+                        default=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     scale = HEAD_DIM**-0.5
     print(json.dumps({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}))
-    for dtype_name in args.dtypes.split(","):
+    for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        for n in (int(x) for x in args.lengths.split(",")):
+        for n in args.lengths:
             prefix = n - args.tail
             q = torch.randn(1, HEADS, args.tail, HEAD_DIM, generator=gen).to(dtype)
             k = torch.randn(1, KV_HEADS, n, HEAD_DIM, generator=gen).to(dtype)

@@ -11,7 +11,6 @@ last needed layer, accumulation of the residual kind for every split. The accumu
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,6 +24,7 @@ from .pipeline import peak_memory_mib
 from .stats import SplitStats
 from .targets import Accumulator, sink_rule
 from sgl_ridgefill.cpu.dtype import CHOICES as DTYPE_CHOICES
+from sgl_ridgefill.tools import args as argtypes
 
 
 def benchmark_pass(
@@ -97,10 +97,10 @@ def benchmark_pass(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.calibration.benchmark", description=__doc__.splitlines()[0])
+    parser = argtypes.command_parser("sgl_ridgefill.calibration.benchmark", __doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--corpus", default="builtin")
-    parser.add_argument("--splits", default="12", help="comma-separated")
+    parser.add_argument("--splits", type=argtypes.layers, default=(12,), help="comma-separated")
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--doc-tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     try:
-        result = benchmark_pass(args.model, corpus=args.corpus, splits=tuple(int(s) for s in args.splits.split(",")),
+        result = benchmark_pass(args.model, corpus=args.corpus, splits=args.splits,
                                 docs=args.docs, doc_tokens=args.doc_tokens, dtype=args.dtype)
     except ValueError as exc:
         print(f"benchmark: error: {exc}", file=sys.stderr)

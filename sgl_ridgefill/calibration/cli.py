@@ -21,58 +21,10 @@ import pathlib
 import sys
 
 from sgl_ridgefill.cpu.dtype import CHOICES as DTYPE_CHOICES
+from sgl_ridgefill.tools import args as argtypes
 from sgl_ridgefill.vocabulary import ACCUMULATIONS
 
-
-def _lambda(text: str) -> float | None:
-    if text == "auto":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _splits(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers like 12,16, got {text!r}") from None
-
-
-def _kind(text: str) -> str:
-    from sgl_ridgefill.maps.kinds import MAP_KINDS
-
-    if text not in MAP_KINDS:
-        raise argparse.ArgumentTypeError(f"unknown map kind {text!r}; known: {', '.join(MAP_KINDS)}")
-    return text
-
-
-def _kinds(text: str) -> tuple[str, ...]:
-    from sgl_ridgefill.maps.kinds import MAP_KINDS
-
-    if text.strip() == "all":
-        return tuple(MAP_KINDS)
-    kinds = tuple(part.strip() for part in text.split(",") if part.strip())
-    for kind in kinds:
-        if kind not in MAP_KINDS:
-            raise argparse.ArgumentTypeError(f"unknown map kind {kind!r}; known: {', '.join(MAP_KINDS)}, or all")
-    if not kinds:
-        raise argparse.ArgumentTypeError(f"expected map kinds like residual,kv+context (known: {', '.join(MAP_KINDS)}), or all")
-    return kinds
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+COUNT = argtypes.integer(minimum=0)
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,7 +36,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     )
     _pass_options(parser)
     parser.add_argument("--out", type=pathlib.Path, help="maps folder to write (must not exist unless --force)")
-    parser.add_argument("--kind", type=_kind, default="residual",
+    parser.add_argument("--kind", type=argtypes.map_kind, default="residual",
                         help="map kind to fit: residual (default), normalised, kv or kv+context (README, maps/kinds.py)")
     _common(parser)
     parser.set_defaults(func=_calibrate, calibrate_command=None)
@@ -95,7 +47,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     )
     _pass_options(stats)
     stats.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder to write (or resume)")
-    stats.add_argument("--kinds", type=_kinds, default=("residual",), metavar="KIND[,KIND]|all",
+    stats.add_argument("--kinds", type=argtypes.map_kinds, default=("residual",), metavar="KIND[,KIND]|all",
                        help="map kinds to accumulate (default residual; all: residual,normalised,kv,kv+context)")
     stats.add_argument("--force", action="store_true", help="restart mismatched or unreadable --stats")
     stats.set_defaults(func=_stats)
@@ -103,8 +55,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
                                 help="solve saved statistics (another kind or lambda) without reading text")
     again.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder of an earlier calibrate")
     again.add_argument("--out", type=pathlib.Path, required=True, help="maps folder to write")
-    again.add_argument("--splits", type=_splits, default=None, help="subset of the splits in the statistics")
-    again.add_argument("--kind", type=_kind, default="residual", help="map kind to fit, one the statistics hold (default residual)")
+    again.add_argument("--splits", type=argtypes.layers, default=None, help="subset of the splits in the statistics")
+    again.add_argument("--kind", type=argtypes.map_kind, default="residual", help="map kind to fit, one the statistics hold (default residual)")
     _common(again, stats=False)
     again.set_defaults(func=_resolve)
     stamp = commands.add_parser(
@@ -124,9 +76,9 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     terminal.add_argument("--corpus", required=True, help="folder of .txt/.jsonl files, or 'builtin'")
     terminal.add_argument("--split", type=int, default=None, help="split layer (default: the folder's default)")
     terminal.add_argument("--arm", choices=("ridgefill", "identity"), default="ridgefill", help="fill measured")
-    terminal.add_argument("--prompts", type=_positive, default=13, help="prompts to measure on (default 13)")
-    terminal.add_argument("--interval", type=_positive, default=2048, help="tokens between snapshots (default 2048)")
-    terminal.add_argument("--prompt-tokens", type=_positive, default=32768, help="longest prompt (default 32768)")
+    terminal.add_argument("--prompts", type=COUNT, default=13, help="prompts to measure on (default 13)")
+    terminal.add_argument("--interval", type=COUNT, default=2048, help="tokens between snapshots (default 2048)")
+    terminal.add_argument("--prompt-tokens", type=COUNT, default=32768, help="longest prompt (default 32768)")
     terminal.add_argument("--offsets", default=None, help="file name in the maps folder (default terminal_state.safetensors)")
     terminal.add_argument("--dtype", choices=("bfloat16", "float32"), default="float32", help="model dtype")
     terminal.add_argument("--seed", type=int, default=0, help="document order")
@@ -144,12 +96,12 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
     """What the statistics pass reads and how: shared by ``calibrate`` and ``calibrate stats``."""
     parser.add_argument("--model", help="Hugging Face model folder, or a name `sgl-ridgefill model fetch` knows")
     parser.add_argument("--corpus", help="folder of .txt/.jsonl files, or 'builtin' (Debian bible-kjv, python3-doc, the stdlib)")
-    parser.add_argument("--splits", type=_splits, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
-    parser.add_argument("--max-tokens", type=_positive, default=250_000, help="training tokens to read (default 250000)")
-    parser.add_argument("--doc-tokens", type=_positive, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
-    parser.add_argument("--max-doc-pieces", type=_positive, default=4, help="forward passes read from one document at most (default 4)")
-    parser.add_argument("--min-doc-tokens", type=_positive, default=64, help="skip shorter documents (default 64)")
-    parser.add_argument("--heldout-docs", type=_positive, default=5, help="whole documents held out to choose lambda and score (default 5)")
+    parser.add_argument("--splits", type=argtypes.layers, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
+    parser.add_argument("--max-tokens", type=COUNT, default=250_000, help="training tokens to read (default 250000)")
+    parser.add_argument("--doc-tokens", type=COUNT, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
+    parser.add_argument("--max-doc-pieces", type=COUNT, default=4, help="forward passes read from one document at most (default 4)")
+    parser.add_argument("--min-doc-tokens", type=COUNT, default=64, help="skip shorter documents (default 64)")
+    parser.add_argument("--heldout-docs", type=COUNT, default=5, help="whole documents held out to choose lambda and score (default 5)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="model dtype for the pass (default auto: bfloat16 where this CPU has native bfloat16 "
                         "matmuls, float32 elsewhere; the maps serve the model in either dtype)")
@@ -163,7 +115,7 @@ def _pass_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, *, stats: bool = True) -> None:
-    parser.add_argument("--lambda", dest="lam", type=_lambda, default=None, metavar="auto|FLOAT",
+    parser.add_argument("--lambda", dest="lam", type=argtypes.positive_number_or_auto, default=None, metavar="auto|FLOAT",
                         help="ridge penalty (scale-free); 'auto' chooses it on held-out documents (default)")
     parser.add_argument("--quant", choices=("bf16", "int8"), default="bf16", help="how A is stored (int8: per-group scales)")
     parser.add_argument("--group-size", type=int, default=128, help="int8 group size along d_in")
@@ -268,15 +220,3 @@ def _terminal_state(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     print(path)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m sgl_ridgefill.calibration.cli ...``) for when the package CLI is absent."""
-    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

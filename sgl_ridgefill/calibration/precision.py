@@ -22,7 +22,6 @@ stored in).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -32,7 +31,10 @@ from typing import Any
 import torch
 
 from sgl_ridgefill.maps.kinds import MAP_KINDS, map_kind
+from sgl_ridgefill.tools import args as argtypes
 from sgl_ridgefill.vocabulary import ACCUMULATIONS
+
+COMMAND = "sgl_ridgefill.calibration.precision"
 
 from .config import CalibrationConfig, CalibrationError
 from .solve import fit_split, kind_r2
@@ -144,32 +146,30 @@ def markdown(result: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.calibration.precision",
-                                     description=__doc__.splitlines()[0])
+    parser = argtypes.command_parser(COMMAND, __doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--corpus", default="builtin")
-    parser.add_argument("--splits", default="12", help="comma-separated split layers")
+    parser.add_argument("--splits", type=argtypes.layers, default=(12,), help="comma-separated split layers")
     parser.add_argument("--max-tokens", type=int, default=40_000)
     parser.add_argument("--doc-tokens", type=int, default=2048, help="longest forward piece (a float32 block)")
     parser.add_argument("--heldout-docs", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--kinds", default="all", help="comma-separated map kinds, or all")
+    parser.add_argument("--kinds", type=argtypes.map_kinds, default=tuple(MAP_KINDS), help="comma-separated map kinds, or all")
     parser.add_argument("--work", type=pathlib.Path, default=None, help="statistics folders (default: OUT/stats)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for precision.json and PRECISION.md")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    kinds = tuple(MAP_KINDS) if args.kinds == "all" else tuple(args.kinds.split(","))
     try:
-        result = run_study(args.model, corpus=args.corpus, splits=tuple(int(s) for s in args.splits.split(",")),
+        result = run_study(args.model, corpus=args.corpus, splits=args.splits,
                            max_tokens=args.max_tokens, work=args.work or args.out / "stats", device=args.device,
-                           dtype=args.dtype, kinds=kinds, doc_tokens=args.doc_tokens, heldout_docs=args.heldout_docs,
+                           dtype=args.dtype, kinds=args.kinds, doc_tokens=args.doc_tokens, heldout_docs=args.heldout_docs,
                            progress=not args.no_progress)
     except CalibrationError as exc:
         print(f"precision: error: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m sgl_ridgefill.calibration.precision " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = argtypes.command_line(f"python -m {COMMAND}", argv)
     (args.out / "precision.json").write_text(json.dumps({**result, "command": command}, indent=1) + "\n")
     (args.out / "PRECISION.md").write_text(markdown(result, command))
     print(markdown(result, command))

@@ -8,7 +8,7 @@ mean of ``exact - filled`` over all snapshots of all prompts, one ``[HV, V, K]``
 state layout): a full matrix per value head, since the state the correction shifts is a matrix.
 
 The states come from the unmodified Hugging Face model's layer weights through the same pure-PyTorch conv
-and chunked gated delta rule as the CPU serving path (``cpu/gdn_ops.py``), in float32. Nothing here imports
+and chunked gated delta rule as the CPU serving path (``gdn_ops.py``), in float32. Nothing here imports
 SGLang.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from sgl_ridgefill.cpu import gdn_ops
+from sgl_ridgefill import gdn_ops
 from sgl_ridgefill.gdn_layout import hf_projections
 
 from .capture import capture_layer_inputs, decoder_layers

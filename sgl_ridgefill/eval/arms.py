@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..bench.bounds import ModelDims, RidgeFillShape, ridgefill_prefill_flops
+from ..tools.flops import ModelDims, RidgeFillShape, ridgefill_prefill_flops
 from ..request_schema import SPLICES, parse_splice
 
 EXACT, NOFILL, IDENTITY, RIDGEFILL = "exact", "nofill", "identity", "ridgefill"
@@ -84,7 +84,7 @@ def check_rows_select(select: str, split: int) -> None:
 
 def longtail_tail(config: Mapping[str, Any], length: int, split: int, tail: int, map_kind: str | None = None) -> int:
     """The tail at which the no-fill arm costs what RidgeFill costs at ``tail`` with maps of ``map_kind`` (FLOP
-    count, bench/bounds.py): the fill's multiply-adds spent on more exact tail rows instead."""
+    count, tools/flops.py): the fill's multiply-adds spent on more exact tail rows instead."""
     dims = ModelDims.from_hf_config(config)
     shape = RidgeFillShape(num_tokens=length, split=split, tail=tail, map_kind=map_kind)
     target = ridgefill_prefill_flops(dims, shape).total

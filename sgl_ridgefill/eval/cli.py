@@ -27,19 +27,10 @@ import sys
 import time
 
 from ..settings import cli_flags, engine_keywords
+from ..tools import args as argtypes
 from . import arms as A
 from . import sizing
 from ..cpu.dtype import CHOICES as DTYPE_CHOICES
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def add_subparser(subparsers) -> None:
@@ -51,7 +42,7 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder (sgl-ridgefill calibrate)")
     p.add_argument("--split", type=int, default=None, help="split layer (default: the maps' default split)")
     p.add_argument("--tail", type=int, default=1024, help="tail T in tokens (default 1024)")
-    p.add_argument("--lengths", type=_ints, default=None, help="prompt lengths in tokens (default 4096)")
+    p.add_argument("--lengths", type=argtypes.token_counts, default=None, help="prompt lengths in tokens (default 4096)")
     p.add_argument("--out", type=pathlib.Path, required=True, help="results folder (resumable)")
     p.add_argument("--preset", choices=tuple(sizing.PRESETS), default=None,
                    help="needle-grid settings by name; flags given explicitly win. " + sizing.preset_help())
@@ -121,7 +112,7 @@ def _servers(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     """Yield ``(client, stock)``: a client of the RidgeFill server, and the stock server's fingerprints of
     ``check_prompts`` (None when ``check_prompts`` is None: the check already passed). A local stock server
     stops as soon as it has answered; the RidgeFill one on exit."""
-    from ..bench.client import BenchClient
+    from ..tools.client import BenchClient
     from .runner import fingerprints
 
     if args.url:
@@ -198,7 +189,7 @@ def _cpu(args) -> dict[str, str]:
     with ``--url``, which may run elsewhere."""
     if args.url:
         return {}
-    from ..bench.machine import machine_record
+    from ..tools.machine import machine_record
 
     machine = machine_record(dtype=args.resolved_dtype, server_env=None, server_local=True)
     return {"cpu": machine["cpu_model"], "cpu_capability": machine["capability"]}
@@ -244,7 +235,7 @@ _SETTINGS_BEFORE = {"map_kind": "residual", "rows_select": None}
 
 def _fill_flops(kind: str, config: dict) -> int:
     """What filling one row of one upper attention layer costs with ``kind`` maps on this model (FLOP)."""
-    from ..bench.bounds import ModelDims
+    from ..tools.flops import ModelDims
     from ..maps.kinds import map_kind as kind_named
 
     dims = ModelDims.from_hf_config(config)
@@ -265,7 +256,7 @@ def changed_settings(meta: dict, settings: dict) -> list[str]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..bench.client import ServerError
+    from ..tools.client import ServerError
     from ..maps import MapsError
     from .runner import RanExact
 

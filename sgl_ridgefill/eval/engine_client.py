@@ -1,6 +1,6 @@
 """The eval runner's client over an offline ``sglang.Engine`` in this process (``sgl-ridgefill eval --engine``).
 
-It answers like :class:`~sgl_ridgefill.bench.client.BenchClient` (``flush_cache``, ``generate(body)`` with
+It answers like :class:`~sgl_ridgefill.tools.client.BenchClient` (``flush_cache``, ``generate(body)`` with
 the ``/generate`` body and response), so the runner does not know which one it talks to. The stock engine
 and the RidgeFill engine never run at the same time: the stock one answers the check prompts and is shut
 down before the RidgeFill one starts.
@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ..bench.client import ServerError, checked_response
+from ..tools.client import ServerError, checked_response
 
 _PASSED = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 

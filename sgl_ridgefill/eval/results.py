@@ -18,7 +18,6 @@ yet reads "not run".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 import shlex
@@ -28,6 +27,7 @@ import sys
 
 from ..maps import kinds
 from ..models.fetch import default_cache_dir
+from ..tools import args as argtypes
 from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
@@ -293,7 +293,7 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser = argtypes.command_parser(COMMAND.removeprefix("python -m "), __doc__)
     parser.add_argument("--runs-dir", type=pathlib.Path, default=default_cache_dir().parent / "eval",
                         help="raw results and maps (default ~/.cache/sgl-ridgefill/eval)")
     parser.add_argument("--docs", type=pathlib.Path, default=REPO_DOCS, help="where RESULTS.md and results/ go")

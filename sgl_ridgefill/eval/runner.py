@@ -26,7 +26,7 @@ TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, met
 
 
 class Client(Protocol):
-    """What the runner sends requests through: ``bench.client.BenchClient`` (a server) or
+    """What the runner sends requests through: ``tools.client.BenchClient`` (a server) or
     ``engine_client.EngineClient`` (an offline engine)."""
 
     def flush_cache(self) -> None: ...

@@ -10,7 +10,7 @@ rows) adds over exact, and the prefill speed bound ``1/r``.
 
 The speed bound counts only the layers skipped: with split ``S`` of ``L`` layers, tail ``T`` of ``N``
 tokens and a share ``rho`` of the prefix rows run exactly, ``r = S/L + (1 - S/L) * (T + rho (N - T)) / N``
-(the fill and the row selection cost a few percent more; ``bench/bounds.py`` counts them).
+(the fill and the row selection cost a few percent more; ``tools/flops.py`` counts them).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from ..tools import args as argtypes
 from . import report as out
 from .sgl_files import DEFAULT_DIR, SglFilesMissing, copy_sgl_files
 
@@ -24,17 +25,6 @@ TIERS = ("kernels", "server", "host")
 KERNEL_STEPS = ("maps", "row_attention", "planner", "host_path", "fill", "maps_int8", "attention_stats",
                 "map_stream", "calibration")
 DEFAULT_BUDGET_S = 420.0
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in _csv(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8192,16384, got {text!r}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,11 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "about 790 in practice)")
     k.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help=f"stop starting new cases after this many seconds (default {DEFAULT_BUDGET_S:.0f})")
-    k.add_argument("--only", type=_csv, default=KERNEL_STEPS, metavar="STEPS",
+    k.add_argument("--only", type=argtypes.csv, default=KERNEL_STEPS, metavar="STEPS",
                    help=f"comma-separated steps (default all: {','.join(KERNEL_STEPS)})")
     s = p.add_argument_group("tier server")
-    s.add_argument("--backends", type=_csv, default=("triton", "flashinfer", "fa3"), help="default triton,flashinfer,fa3")
-    s.add_argument("--lengths", type=_ints, default=(8192, 16384, 32768), help="prompt tokens (default 8192,16384,32768)")
+    s.add_argument("--backends", type=argtypes.csv, default=("triton", "flashinfer", "fa3"), help="default triton,flashinfer,fa3")
+    s.add_argument("--lengths", type=argtypes.token_counts, default=(8192, 16384, 32768), help="prompt tokens (default 8192,16384,32768)")
     s.add_argument("--pairs", type=int, default=3, help="exact/RidgeFill pairs per length (default 3)")
     s.add_argument("--warmup", type=int, default=1, help="untimed requests before measuring (default 1)")
     s.add_argument("--shape", default="llama-3.1-8b", help="random-weight model shape: llama-3.1-8b (default) or qwen2-0.5b")
@@ -252,7 +242,7 @@ def _server_model(args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]
         if args.ridgefill_maps is None:
             raise ValueError("--model-path needs --ridgefill-maps (maps fitted for that model)")
         return args.model_path, args.ridgefill_maps
-    from sgl_ridgefill.bench.synthetic import SHAPES, make_model_and_maps
+    from sgl_ridgefill.tools.synthetic import SHAPES, make_model_and_maps
 
     if args.shape not in SHAPES:
         raise ValueError(f"--shape must be one of {', '.join(sorted(SHAPES))}, got {args.shape!r}")
@@ -263,7 +253,6 @@ def _server_model(args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.gpu_check", description=sys.modules[__package__].__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argtypes.command_parser("sgl_ridgefill.gpu_check", sys.modules[__package__].__doc__, whole_doc=True)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -33,7 +33,6 @@ policy's rows are its probe pass (256 rows) plus 20 % of the prefix by unpooled 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -50,7 +49,8 @@ from .. import ledger
 from ..attention.metadata import step_args
 from ..attention.staging import to_device
 from ..attention.steps import GROUP_SIZE, Step, plan_steps
-from ..bench.bounds import ModelDims, RidgeFillShape, exact_prefill_flops, ridgefill_prefill_flops
+from ..tools import args as argtypes
+from ..tools.flops import ModelDims, RidgeFillShape, exact_prefill_flops, ridgefill_prefill_flops
 from ..selectors.attention import max_pool
 from ..selectors.registry import random_rows
 from . import tiles
@@ -59,6 +59,7 @@ from .h200 import ATTENTION_TFLOPS, CHUNK_ROWS, GEMM_TFLOPS, LAUNCH_US, LENGTHS,
 
 PROBE_ROWS = 256
 TAILS = (4096, 1024)
+COMMAND = "sgl_ridgefill.gpu_check.estimates"
 SELECTIONS = ("no rows", "10% random", "10% attention", "10% pooled attention", "probe policy (~30%)")
 BACKENDS = ("triton", "flashinfer", "fa3")
 
@@ -443,22 +444,17 @@ def machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sgl_ridgefill.gpu_check.estimates", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argtypes.command_parser(COMMAND, __doc__, whole_doc=True)
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"),
                    help="folder for GPU_ESTIMATES.md and gpu_estimates.json (default docs)")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    p.add_argument("--tails", default=",".join(map(str, TAILS)))
+    p.add_argument("--shapes", type=argtypes.choices(tuple(SHAPES), what="shape"), default=tuple(SHAPES),
+                   help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--lengths", type=argtypes.token_counts, default=LENGTHS)
+    p.add_argument("--tails", type=argtypes.token_counts, default=TAILS)
     p.add_argument("--census", type=pathlib.Path, default=None,
                    help="a host-census.json of `gpu-check --tier host` to include (default: OUT/host_census.json if it exists)")
     args = p.parse_args(argv)
-    shapes = tuple(s for s in args.shapes.split(",") if s)
-    unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
-        p.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    lengths = tuple(int(x) for x in args.lengths.split(","))
-    tails = tuple(int(x) for x in args.tails.split(","))
+    shapes, lengths, tails = args.shapes, args.lengths, args.tails
     torch.set_num_threads(1)
     records = []
     for case in cases(shapes, lengths, tails):
@@ -470,16 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     from . import map_stream
 
     stream = map_stream.records(shapes, lengths)
-    command = "python -m sgl_ridgefill.gpu_check.estimates " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = argtypes.command_line(f"python -m {COMMAND}", argv)
     info = machine()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_estimates.json").write_text(json.dumps(
-        {"command": command.strip(), "machine": info, "gemm_tflops": GEMM_TFLOPS, "attention_tflops": ATTENTION_TFLOPS,
+        {"command": command, "machine": info, "gemm_tflops": GEMM_TFLOPS, "attention_tflops": ATTENTION_TFLOPS,
          "launch_us": LAUNCH_US, "chunk_rows": CHUNK_ROWS, "h2d_gbps": map_stream.H2D_GBPS, "records": records,
          "map_stream": stream}, indent=1) + "\n")
     census_path = args.census or args.out / "host_census.json"
     census = json.loads(census_path.read_text()) if census_path.exists() else None
-    (args.out / "GPU_ESTIMATES.md").write_text(markdown(records, command.strip(), info, census, stream))
+    (args.out / "GPU_ESTIMATES.md").write_text(markdown(records, command, info, census, stream))
     return 0
 
 

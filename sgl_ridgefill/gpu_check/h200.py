@@ -4,7 +4,7 @@ and ``map_stream.py``. Every rate is an estimate until ``gpu-check`` measures it
 
 from __future__ import annotations
 
-from ..bench.bounds import ModelDims
+from ..tools.flops import ModelDims
 
 GEMM_TFLOPS = 790.0
 # Attention forward at head_dim 128, 8K-16K keys, measured on an H100 SXM5 (FlashAttention-3 paper, Fig. 5,

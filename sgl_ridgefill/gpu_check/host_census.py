@@ -119,7 +119,7 @@ def run_census(out: str | pathlib.Path, *, layers: int = LAYERS, pairs_only: boo
     """Build the tiny model, serve it under the census, write ``host-census.json`` into ``out``.
 
     ``pairs_only``: only the pairs (a shallower model serves them; the test suite runs this)."""
-    from ..bench.synthetic import make_tiny_checkpoint
+    from ..tools.synthetic import make_tiny_checkpoint
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ def _dense_policies(layers: int) -> dict[str, int | None]:
 def _maps(model_dir: pathlib.Path, out: pathlib.Path, splits: list[int]) -> pathlib.Path:
     from transformers import AutoModelForCausalLM
 
-    from ..bench.synthetic import near_identity_maps
+    from ..tools.synthetic import near_identity_maps
     from ..maps import SplitMaps, hf_fingerprint_layers, model_fingerprint, write_maps_folder
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from sgl_ridgefill.attention.metadata import RUN_ARGS, step_args
 from sgl_ridgefill.attention.steps import plan_steps
-from sgl_ridgefill.bench.bounds import ModelDims
+from sgl_ridgefill.tools.flops import ModelDims
 from sgl_ridgefill.kernels.attention_stats import attention_received, attention_received_reference
 from sgl_ridgefill.kernels.choose import TOLERANCE, fastest_map_backend
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8, apply_map_reference

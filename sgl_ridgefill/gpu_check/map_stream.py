@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bench.bounds import causal_pairs
+from ..tools.flops import causal_pairs
 from ..maps.kinds import MAP_KINDS, map_kind
 from . import h200
 from .h200 import H2D_GBPS

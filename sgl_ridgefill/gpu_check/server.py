@@ -29,8 +29,8 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ContextManager
 
-from sgl_ridgefill.bench.bounds import ModelDims
-from sgl_ridgefill.bench.client import BenchClient, ServerError
+from sgl_ridgefill.tools.flops import ModelDims
+from sgl_ridgefill.tools.client import BenchClient, ServerError
 from sgl_ridgefill.bench.runner import EXACT_PARAMS, BenchConfig, make_prompt, run_bench
 from sgl_ridgefill.settings import ENV_PREFIX, cli_flags
 

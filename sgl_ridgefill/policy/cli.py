@@ -1,12 +1,11 @@
 """``sgl-ridgefill policy check | fmt | explain``: the policy tools on the command line.
 
-``add_subparser`` plugs the ``policy`` command into the main CLI; ``main`` runs it on its own
-(``python -m sgl_ridgefill.policy.cli``). Errors print the policy message, no traceback, and exit 1.
+``add_subparser`` plugs the ``policy`` command into the main CLI (``sgl_ridgefill.cli.main``). Errors print
+the policy message, no traceback, and exit 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -121,14 +120,3 @@ def add_subparser(subparsers) -> None:
     explain.add_argument("--maps", metavar="DIR", help="maps folder (reads DIR/manifest.json)")
     explain.add_argument("--layers", type=int, metavar="L", help="model layers, when no maps folder is given")
     explain.set_defaults(func=_guarded(_explain))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sgl-ridgefill")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -171,7 +171,7 @@ class HybridModelAdapter(ModelAdapter):
 
     def gdn_gates(self, layer_id: int, a: torch.Tensor) -> torch.Tensor:
         """Log decay ``g = -exp(A_log) softplus(a + dt_bias)``: ``[rows, HV]`` float32."""
-        from ..cpu.gdn_ops import gdn_gates
+        from ..gdn_ops import gdn_gates
 
         mixer = self.layers[layer_id].linear_attn
         return gdn_gates(mixer.A_log, a, mixer.dt_bias)

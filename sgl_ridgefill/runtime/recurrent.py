@@ -5,7 +5,7 @@ The method has no separate fill for GDN layers: the map predicts every upper lay
 filled row runs the GDN layer's own norm, input projections, short conv and gated delta-rule update on
 ``x̂_l``, so its error folds into the state the tail inherits; its ``z`` projection, output norm, output
 projection and MLP are skipped (on the CPU the stand-in delta rule does not even compute the outputs of
-filled rows: :func:`sgl_ridgefill.cpu.gdn_ops.outputs_unread`). The state lives in the request's slot of
+filled rows: :func:`sgl_ridgefill.gdn_ops.outputs_unread`). The state lives in the request's slot of
 SGLang's ``MambaPool`` and SGLang's own linear-attention backend advances it (a contiguous extend sub-batch
 of the request); chunked prefill carries it from chunk to chunk as it does for stock requests.
 
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..attention.staging import to_device
-from ..cpu import gdn_ops
+from .. import gdn_ops
 from .subbatch import virtual_subbatch
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..attention.contract import serve_requests
 from ..maps.kinds import ContextState
 from .host_rows import HostRows
 from .plan import RequestPlan
@@ -320,3 +321,4 @@ def _logprob_start(req) -> int | None:
 
 # The scheduler process's live RidgeFill requests (one per process; SGLang runs one scheduler per rank).
 LIVE = LiveRequests()
+serve_requests(LIVE)

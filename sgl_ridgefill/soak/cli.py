@@ -11,7 +11,6 @@ stderr; the exit status is 1 when any failure count is non-zero (docs/RELIABILIT
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import pathlib

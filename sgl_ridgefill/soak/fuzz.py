@@ -127,7 +127,7 @@ def check_policy_text(text: str, maps_dir: pathlib.Path | None, workdir: pathlib
     """``("ok" | "policy_error", name)`` for a text the tools handle, ``("failure: ...", name)`` otherwise;
     ``name`` is the policy's name when it parses."""
     from ..policy import PolicyError, compile_policy, format_policy, parse_policy
-    from ..policy.cli import main as policy_cli
+    from ..cli import main as cli_main
     from ..policy.manifest import read_maps_facts
 
     name = None
@@ -151,7 +151,7 @@ def check_policy_text(text: str, maps_dir: pathlib.Path | None, workdir: pathlib
         argv = ["policy", "check", str(path)] + (["--maps", str(maps_dir)] if maps_dir is not None else [])
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
             try:
-                code = policy_cli(argv)
+                code = cli_main(argv)
             except SystemExit as stop:  # argparse: the command line itself was refused
                 return f"failure: policy check stopped ({stop.code}): {err.getvalue()[-200:]}", name
         if code not in (0, 1):

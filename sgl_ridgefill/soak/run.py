@@ -64,7 +64,7 @@ def say(message: str) -> None:
 def _flush(url: str) -> bool:
     """Empty the radix cache (``BenchClient.flush_cache``: refusals while a request leaves its batch are
     retried); False when the server does not answer or keeps refusing."""
-    from ..bench.client import BenchClient, ServerError
+    from ..tools.client import BenchClient, ServerError
 
     try:
         BenchClient(url).flush_cache()

@@ -41,7 +41,7 @@ class ServedModel:
 def make_tiny_model(workdir: pathlib.Path, split: int = 2, tail: int = 20) -> ServedModel:
     """A random-weight 4-layer Llama (float32, trained tiny tokenizer) and maps at ``split``, in ``workdir``
     (reused when already there)."""
-    from ..bench.synthetic import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_maps
+    from ..tools.synthetic import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_maps
 
     model, maps = workdir / "tiny-llama", workdir / f"tiny-llama-maps-s{split}"
     if not (model / "config.json").is_file():

@@ -12,7 +12,7 @@ import pytest
 
 from sgl_ridgefill.bench import results
 from sgl_ridgefill.bench.cli import add_subparser, command_line
-from sgl_ridgefill.bench.machine import folder_name, machine_record, process_environment, served_dtype
+from sgl_ridgefill.tools.machine import folder_name, machine_record, process_environment, served_dtype
 
 from .fake_server import FakeServer
 from .test_runner import CONFIG_JSON

@@ -8,9 +8,9 @@ import pathlib
 
 import pytest
 
-from sgl_ridgefill.bench.bounds import ModelDims
+from sgl_ridgefill.tools.flops import ModelDims
 from sgl_ridgefill.bench.cli import add_subparser
-from sgl_ridgefill.bench.client import BenchClient, ServerError
+from sgl_ridgefill.tools.client import BenchClient, ServerError
 from sgl_ridgefill.bench.runner import BenchConfig, Record, make_prompt, pair_order, run_bench, summarize
 
 from .fake_server import FakeServer

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from sgl_ridgefill.bench.synthetic import make_tiny_checkpoint, make_tiny_maps, near_identity_maps
+from sgl_ridgefill.tools.synthetic import make_tiny_checkpoint, make_tiny_maps, near_identity_maps
 from tests.support.reference import Reference
 
 SPLIT = 2

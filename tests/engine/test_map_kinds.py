@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_ridgefill.bench.synthetic import make_tiny_maps
+from sgl_ridgefill.tools.synthetic import make_tiny_maps
 from sgl_ridgefill.maps import load_maps
 from tests.engine.conftest import SPLIT, assert_decode_matches, assert_top_close
 from tests.support.engines import cpu_engine_kwargs, prompt, run_engine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_ridgefill.bench.client import ServerError
+from sgl_ridgefill.tools.client import ServerError
 from sgl_ridgefill.eval.engine_client import EngineClient
 from sgl_ridgefill.eval.runner import fingerprints, stock_check
 

@@ -112,7 +112,7 @@ def test_rows_select_of_ones_own():
 
 
 def test_longtail_costs_what_the_fill_costs():
-    from sgl_ridgefill.bench.bounds import ModelDims, RidgeFillShape, ridgefill_prefill_flops
+    from sgl_ridgefill.tools.flops import ModelDims, RidgeFillShape, ridgefill_prefill_flops
 
     dims = ModelDims.from_hf_config(QWEN)
     for length in (4096, 16384):

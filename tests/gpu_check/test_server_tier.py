@@ -165,7 +165,7 @@ def test_a_model_too_short_for_the_lengths_is_refused(folders, tmp_path: pathlib
 
 
 def test_random_llama_model_and_maps_are_made_once(tmp_path: pathlib.Path) -> None:
-    from sgl_ridgefill.bench.synthetic import LLAMA_3_1_8B, RandomModelShape, make_model_and_maps
+    from sgl_ridgefill.tools.synthetic import LLAMA_3_1_8B, RandomModelShape, make_model_and_maps
     from sgl_ridgefill.maps import load_maps
 
     # The server tier's default shape, shrunk: same family and settings, tiny sizes.

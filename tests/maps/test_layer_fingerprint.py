@@ -169,7 +169,7 @@ def test_layer_tensors_of_the_wrong_shape_are_refused(llama):
 def test_qwen_families_fingerprint_their_kv_head_0_rows(family):
     from transformers import AutoModelForCausalLM
 
-    from sgl_ridgefill.bench.synthetic import _tiny_config as _config
+    from sgl_ridgefill.tools.synthetic import _tiny_config as _config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_config(family, 2, 64, 300, False), dtype=torch.float32)

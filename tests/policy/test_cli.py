@@ -8,7 +8,7 @@ import pytest
 
 from sgl_ridgefill import cli
 from sgl_ridgefill.policy import builtin_policy_names, builtin_policy_path, compile_policy, load_policy
-from sgl_ridgefill.policy.cli import main
+from sgl_ridgefill.cli import main
 from sgl_ridgefill.policy.explain import explain_policy
 from sgl_ridgefill.policy.manifest import read_maps_facts
 

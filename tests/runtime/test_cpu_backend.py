@@ -56,10 +56,10 @@ def _reference(q, k, v, visible):
 def test_a_nofill_decode_row_inside_an_extend_batch_skips_the_hidden_keys(monkeypatch):
     """C7: with --enable-mixed-chunk a nofill request's decode row runs as an extend; it must not read the
     filled rows its upper layers never wrote."""
-    import sgl_ridgefill.attention.cpu as cpu
+    import sgl_ridgefill.attention.contract as contract
 
     live = LiveRequests()
-    monkeypatch.setattr(cpu, "LIVE", live)
+    monkeypatch.setattr(contract, "_LIVE", live)  # the runtime's registry, as serve_requests hands it over
     slots = torch.randperm(32)[:SEQ]
     req_to_token = torch.zeros(2, 32, dtype=torch.long)
     req_to_token[1, :SEQ] = slots
@@ -136,3 +136,27 @@ def test_row_segments_match_dense_attention():
     backend._attend_rows(q, out, slots, positions, visible, _layer(0))  # visible: by position
     want = _dense(q, pool.k[slots], pool.v[slots], positions, visible)
     assert torch.allclose(out.float(), want, atol=3e-2)
+
+
+def test_the_backends_ask_the_runtime_through_the_attention_contract():
+    """The attention contract answers hidden keys and ``Req`` objects from the registry the runtime serves
+    (``runtime.state`` hands ``LIVE`` over on import); without one, no request hides anything."""
+    import sgl_ridgefill.attention.contract as contract
+    from sgl_ridgefill.runtime.state import LIVE
+
+    assert contract._LIVE is LIVE
+    blank = contract._NoRequests()
+    assert blank.hidden_keys("r", 3) is None and blank.req("r") is None
+    live = LiveRequests()
+    req = _Req(rid="h", origin_input_ids=[1, 2, 3], return_logprob=False, logprob_start_len=-1)
+    st = RequestState(plan=RequestPlan(arm="nofill", split=2, tail=1))
+    st.hidden_keys = torch.tensor([True, False])
+    setattr(req, ATTR, st)
+    live.publish([req])
+    try:
+        contract.serve_requests(live)
+        assert contract.request("h") is req and contract.request("other") is None
+        assert contract.hidden_keys("h", 1) is None  # below the split nothing is hidden
+        assert torch.equal(contract.hidden_keys("h", 2), st.hidden_keys)
+    finally:
+        contract.serve_requests(LIVE)

@@ -9,7 +9,7 @@ silently depend on a CUDA kernel.
 
 The CPU ops SGLang's Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) call are real: ``sgl_kernel.mamba`` and
 the ``torch.ops.sgl_kernel.*_cpu`` ops registered on import (``_ops.py``), both pure PyTorch
-(``sgl_ridgefill.cpu.gdn_ops``).
+(``sgl_ridgefill.gdn_ops``).
 """
 
 import logging

@@ -1,5 +1,5 @@
 """The ``torch.ops.sgl_kernel.*_cpu`` ops of SGLang's hybrid (Gated DeltaNet) models, registered with
-``torch.library`` over the pure-PyTorch ``sgl_ridgefill.cpu.gdn_ops``.
+``torch.library`` over the pure-PyTorch ``sgl_ridgefill.gdn_ops``.
 
 SGLang's ``models/qwen3_5.py`` and ``models/qwen3_next.py`` read ``torch.ops.sgl_kernel.<op>`` when they are
 imported, and the GDN backend when it is built, so the ops exist from the moment ``sgl_kernel`` is first
@@ -9,7 +9,7 @@ matter where SGLang passes keywords).
 
 import torch
 
-from sgl_ridgefill.cpu import gdn_ops
+from sgl_ridgefill import gdn_ops
 
 _LIBRARY = None
 

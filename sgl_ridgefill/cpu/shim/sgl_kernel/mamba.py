@@ -1,8 +1,8 @@
 """``sgl_kernel.mamba`` of the CPU stand-in: the Python wrappers SGLang's GDN backend imports on a CPU
 (``from sgl_kernel.mamba import causal_conv1d_fn_cpu, ...``), with the signatures SGLang 0.5.23 calls,
-over the pure-PyTorch ops of ``sgl_ridgefill.cpu.gdn_ops``."""
+over the pure-PyTorch ops of ``sgl_ridgefill.gdn_ops``."""
 
-from sgl_ridgefill.cpu import gdn_ops
+from sgl_ridgefill import gdn_ops
 
 
 def causal_conv1d_fn_cpu(mixed_qkv_transposed, conv_weights, bias, activation, conv_states, has_initial_state,

@@ -1,10 +1,12 @@
-"""Pure-PyTorch stand-ins for the ``sgl_kernel`` CPU ops SGLang 0.5.23's Gated DeltaNet hybrids call.
+"""Gated DeltaNet arithmetic in pure PyTorch, on any device: the ``sgl_kernel`` ops SGLang 0.5.23's hybrids call.
 
-SGLang's Qwen3.5 and Qwen3-Next model files and its GDN attention backend call, on a CPU (``is_cpu()``),
-ops that only a source-built ``sgl-kernel`` provides; the PyPI wheel has none, and SGLang has no PyTorch
-fallback. The CPU shim (``shim/sgl_kernel``) registers these functions under those names, so SGLang's own
-model classes run unchanged on this CPU. Every op here is checked against an independent PyTorch
-reference in ``tests/cpu/test_gdn_ops.py``.
+RidgeFill's runtime (the upper GDN layers' fill and second sweep, ``runtime/recurrent.py``) and calibration
+(the terminal-state correction, ``calibration/terminal.py``) run these on whatever device holds the model.
+On a CPU they also stand in for SGLang's own ops: SGLang's Qwen3.5 and Qwen3-Next model files and its GDN
+attention backend call, on a CPU (``is_cpu()``), ops that only a source-built ``sgl-kernel`` provides (the
+PyPI wheel has none, and SGLang has no PyTorch fallback), and the CPU shim (``cpu/shim/sgl_kernel``)
+registers these functions under those names, so SGLang's own model classes run unchanged. Every op here is
+checked against an independent PyTorch reference in ``tests/test_gdn_ops.py``.
 
 Layouts are SGLang's: a recurrent state is stored ``[HV, V, K]`` (value rows, key columns) per pool slot;
 a conv window is ``[conv_dim, width - 1]`` per slot; token tensors are flat over a batch's requests, which

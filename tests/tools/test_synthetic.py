@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from sgl_ridgefill.bench.bounds import ModelDims
-from sgl_ridgefill.bench.synthetic import RandomModelShape, make_model_and_maps
+from sgl_ridgefill.tools.flops import ModelDims
+from sgl_ridgefill.tools.synthetic import RandomModelShape, make_model_and_maps
 from sgl_ridgefill.maps import load_maps
 
 

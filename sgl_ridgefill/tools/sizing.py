@@ -1,6 +1,6 @@
 """How much work fits this CPU's time budget: the demo's prompt length and calibration tokens.
 
-A prefill's time is estimated as its FLOP count (``bench/bounds.py``: projections, MLP, attention, the
+A prefill's time is estimated as its FLOP count (``tools/flops.py``: projections, MLP, attention, the
 fill) over this CPU's matmul throughput, measured for about a second in the dtype the model runs in, on
 the shape of the model's MLP (``[rows, d] @ [d, intermediate]``) with the threads a server would use. The
 estimate ignores fixed costs per request and attention kernels that run below matmul speed, so the
@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from ..bench.bounds import ModelDims, RidgeFillShape, exact_prefill_flops, ridgefill_prefill_flops
+from .flops import ModelDims, RidgeFillShape, exact_prefill_flops, ridgefill_prefill_flops
 
 MEASURE_ROWS = 1024
 

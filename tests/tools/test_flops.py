@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_ridgefill.bench.bounds import (
+from sgl_ridgefill.tools.flops import (
     ModelDims,
     RidgeFillShape,
     attention_selector_flops,

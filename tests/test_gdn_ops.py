@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sgl_ridgefill.cpu import gdn_ops
+from sgl_ridgefill import gdn_ops
 
 tq = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 

@@ -11,14 +11,13 @@ quality.
 ``make_tiny_maps`` (maps far enough from the identity that a fill differs visibly from exact prefill) are
 what the engine tests and ``sgl-ridgefill soak --tiny`` serve.
 
-    python -m sgl_ridgefill.bench.synthetic --out /tmp/rfbench          # model/ and maps-s12/
-    python -m sgl_ridgefill.bench.synthetic --out /tmp/rf8b --shape llama-3.1-8b --device cuda
-    python -m sgl_ridgefill.bench.synthetic --out /tmp/rfq35 --shape qwen3.5-d1024 --split 9
+    python -m sgl_ridgefill.tools.synthetic --out /tmp/rfbench          # model/ and maps-s12/
+    python -m sgl_ridgefill.tools.synthetic --out /tmp/rf8b --shape llama-3.1-8b --device cuda
+    python -m sgl_ridgefill.tools.synthetic --out /tmp/rfq35 --shape qwen3.5-d1024 --split 9
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import inspect
@@ -29,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from ..arch import DENSE_FAMILIES, HYBRID_FAMILIES
+from .args import command_parser
 
 
 FAMILIES = ("qwen2", "llama", "qwen3_5")
@@ -371,7 +371,6 @@ def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str,
     ``residual``/``normalised``: unchanged (the layer's RMSNorm is scale-free). ``kv``: the layer's K/V
     projections applied to the prediction without its norm's ``1/rms`` (``[W_k; W_v] diag(g) A_l``);
     ``kv+context``: that, beside small random weights on the lag and running-mean features."""
-    from ..calibration.targets import KVProjection
     from ..maps.kinds import map_kind
 
     k = map_kind(kind)
@@ -379,7 +378,7 @@ def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str,
         return a, b
     a_kv, b_kv = [], []
     for j, layer in enumerate(model.model.layers[split:]):
-        w, bias = (t.float() for t in KVProjection.of(layer).exact_map())  # [W_k; W_v] diag(g), biases
+        w, bias = _kv_of_unit_input(layer)
         a_kv.append(w @ a[j])
         b_kv.append(w @ b[j] + bias)
     a_out, b_out = torch.stack(a_kv), torch.stack(b_kv)
@@ -390,8 +389,18 @@ def maps_of_kind(model, split: int, a: torch.Tensor, b: torch.Tensor, kind: str,
     return a_out.contiguous(), b_out.contiguous()
 
 
+def _kv_of_unit_input(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([W_k; W_v] diag(g), [b_k; b_v])`` float32 of an HF decoder layer: its K/V of ``u = x / rms(x)``, since
+    its RMSNorm is ``g * u`` (zero biases where the projections have none)."""
+    projs = (layer.self_attn.k_proj, layer.self_attn.v_proj)
+    weight = torch.cat([p.weight.detach().float() for p in projs]).cpu()
+    bias = torch.cat([p.bias.detach().float().cpu() if p.bias is not None else torch.zeros(p.out_features)
+                      for p in projs])
+    return weight * layer.input_layernorm.weight.detach().float().cpu()[None, :], bias
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_ridgefill.bench.synthetic", description=__doc__.splitlines()[0])
+    parser = command_parser("sgl_ridgefill.tools.synthetic", __doc__)
     parser.add_argument("--out", type=pathlib.Path, required=True, help="writes OUT/model and OUT/maps-s<split>")
     parser.add_argument("--split", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
@@ -420,3 +429,4 @@ def make_model_and_maps(
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_ridgefill.bench.bounds import ModelDims
-from sgl_ridgefill.cpu.sizing import (
+from sgl_ridgefill.tools.flops import ModelDims
+from sgl_ridgefill.tools.sizing import (
     Throughput,
     calibration_tokens_per_s,
     choose_calibration_tokens,
