@@ -1,7 +1,7 @@
 """Server-wide RidgeFill settings, read once per process from the environment the CLI flags write.
 
-One field per entry of ``settings.SETTINGS`` (same names, order and defaults, checked at import); the
-table also validates each value and reads it from the environment.
+One field per entry of ``settings.SETTINGS`` (same names, order and defaults: the class is made from the
+table); the table also validates each value and reads it from the environment.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .settings import ALL_POLICIES, ARMS, CACHE_MODES, DEFAULT_TAIL, MAP_DTYPES, SETTINGS, SETTINGS_BY_NAME
@@ -17,29 +16,7 @@ from .settings import ALL_POLICIES, ARMS, CACHE_MODES, DEFAULT_TAIL, MAP_DTYPES,
 __all__ = ["ARMS", "CACHE_MODES", "DEFAULT_TAIL", "MAP_DTYPES", "ServerConfig", "bind_config", "config_for"]
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """What ``--prefill-backend`` and the ``--ridgefill-*`` flags asked for (``settings.py`` says what each
-    means).
-
-    ``split``/``tail``/``arm``/``cache_mode`` given here override the policy file's; ``None`` means "use the
-    policy's, else the maps folder's default split and ``DEFAULT_TAIL``".
-    """
-
-    prefill_backend: str = "default"
-    maps: str | None = None
-    policy: str | None = None
-    split: int | None = None
-    tail: int | None = None
-    arm: str | None = None
-    cache_mode: str | None = None
-    map_dtype: str = "auto"
-    map_residence: str = "device"
-    map_slots: int = 2
-    diagnostics: bool = False
-    request_policies: tuple[str, ...] = ()  # () only the server's own policy; ("all",) every shipped one
-    max_tail: int | None = None
-
+class _ServerConfigBase:
     def __post_init__(self) -> None:
         for setting in SETTINGS:
             value = getattr(self, setting.name)
@@ -74,14 +51,21 @@ class ServerConfig:
         return cls(**{s.name: s.read(environ) for s in SETTINGS})
 
 
+# One field per entry of settings.SETTINGS, same names, order and defaults: a setting is declared once, there.
+ServerConfig = dataclasses.make_dataclass(
+    "ServerConfig", [s.config_field() for s in SETTINGS], bases=(_ServerConfigBase,), frozen=True,
+)
+ServerConfig.__module__ = __name__  # pickles by name, as a class written here would
+ServerConfig.__doc__ = """What ``--prefill-backend`` and the ``--ridgefill-*`` flags asked for: one field per entry of
+``settings.SETTINGS`` (which says what each means).
+
+``split``/``tail``/``arm``/``cache_mode`` given here override the policy file's; ``None`` means "use the
+policy's, else the maps folder's default split and ``DEFAULT_TAIL``"."""
+
+
 def _flag(name: str) -> str:
     return SETTINGS_BY_NAME[name].flag
 
-
-# A setting without its field (or the other way round) would be dropped silently: fail at import.
-assert [(f.name, f.default) for f in dataclasses.fields(ServerConfig)] == [(s.name, s.default) for s in SETTINGS], (
-    "ServerConfig and settings.SETTINGS differ"
-)
 
 _BOUND = "_ridgefill_config"
 

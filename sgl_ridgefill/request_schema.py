@@ -22,7 +22,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .vocabulary import ARMS, SPLICES, setting_flag  # noqa: F401 - re-exported
 
@@ -60,6 +60,7 @@ class RequestKey:
     default_doc: str = "the server's"  # the README's default column when ``default`` is None
     diagnostic: bool = False  # a measurement knob: any value but the default needs --ridgefill-diagnostics
     in_namespace: bool = False  # changes the filled KV, so it is part of a plan's radix-cache namespace
+    VALUE: ClassVar[str] = "Any"  # the type of a parsed value, for RequestParams' field
 
     @property
     def where(self) -> str:
@@ -79,9 +80,16 @@ class RequestKey:
     def diagnostic_text(self) -> str:
         return "yes" if self.diagnostic else ""
 
+    def params_field(self) -> tuple[str, str, Any]:
+        """This key's field of :class:`RequestParams`: name, type, default."""
+        annotation = self.VALUE if self.default is not None else f"{self.VALUE} | None"
+        return self.name, annotation, field(default=self.default)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BoolKey(RequestKey):
+    VALUE: ClassVar[str] = "bool"
+
     def parse(self, value: Any) -> bool:
         if not isinstance(value, bool):
             raise RequestParamError(f"{self.where} must be true or false, got {_shown(value)}")
@@ -93,6 +101,7 @@ class BoolKey(RequestKey):
 
 @dataclass(frozen=True, kw_only=True)
 class IntKey(RequestKey):
+    VALUE: ClassVar[str] = "int"
     lo: int
     hi: int  # every integer is bounded: SGLang's msgspec send raises OverflowError (HTTP 500) at 2**64
 
@@ -109,6 +118,7 @@ class IntKey(RequestKey):
 
 @dataclass(frozen=True, kw_only=True)
 class EnumKey(RequestKey):
+    VALUE: ClassVar[str] = "str"
     choices: tuple[str, ...]
     diagnostic_choices: frozenset[str] = field(default_factory=frozenset)  # values that need diagnostics
 
@@ -134,6 +144,7 @@ class EnumKey(RequestKey):
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyKey(RequestKey):
+    VALUE: ClassVar[str] = "str"
     max_length: int = MAX_POLICY_NAME
 
     def parse(self, value: Any) -> str:
@@ -152,6 +163,8 @@ class PolicyKey(RequestKey):
 @dataclass(frozen=True, kw_only=True)
 class SpliceKey(RequestKey):
     """``kind`` or ``kind@lo-hi``: the splice of ``SPLICES`` on every upper layer, or on layers ``lo..hi``."""
+
+    VALUE: ClassVar[str] = "str"
 
     def parse(self, value: Any) -> str:
         if isinstance(value, str):
@@ -185,6 +198,7 @@ def parse_splice(value: str) -> tuple[str, tuple[int, int] | None]:
 class RowsKey(RequestKey):
     """A list of prompt positions (integers), at most ``max_rows`` of them."""
 
+    VALUE: ClassVar[str] = "tuple[int, ...]"
     max_rows: int = MAX_EXACT_ROWS
 
     def parse(self, value: Any) -> tuple[int, ...]:
@@ -307,33 +321,19 @@ def request_keys_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True)
-class RequestParams:
-    """What one request asked for (one field per key of ``REQUEST_KEYS``, same order and defaults);
-    ``None`` fields fall back to the server's policy."""
-
-    enabled: bool = True
-    arm: str | None = None
-    policy: str | None = None
-    split: int | None = None
-    tail: int | None = None
-    exact_every: int | None = None
-    control: str = "none"
-    value_rescale: int | None = None
-    seed: int = 0
-    splice: str | None = None
-    exact_rows: tuple[int, ...] | None = None
-    watch_rows: tuple[int, ...] | None = None
-
+class _RequestParamsBase:
     @property
     def wants_exact(self) -> bool:
         return not self.enabled or self.arm == "exact"
 
 
-# A key declared without its field (or the other way round) would be dropped silently: fail at import.
-assert [(f.name, f.default) for f in dataclasses.fields(RequestParams)] == [
-    (k.name, k.default) for k in REQUEST_KEYS
-], "RequestParams and request_schema.REQUEST_KEYS differ"
+# One field per key of REQUEST_KEYS, same order and defaults: a key is declared once, above.
+RequestParams = dataclasses.make_dataclass(
+    "RequestParams", [k.params_field() for k in REQUEST_KEYS], bases=(_RequestParamsBase,), frozen=True,
+)
+RequestParams.__module__ = __name__  # pickles by name, as a class written here would
+RequestParams.__doc__ = """What one request asked for: one field per key of ``REQUEST_KEYS`` (its name and default);
+``None`` fields fall back to the server's policy."""
 
 
 def parse_request_params(custom_params: Mapping[str, Any] | None) -> RequestParams | None:

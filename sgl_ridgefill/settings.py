@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from .request_schema import MAX_POLICY_NAME, diagnostic_summary
 from .vocabulary import ARMS, CACHE_MODES, DEFAULT_TAIL, FLAG_PREFIX, MAP_RESIDENCES, setting_flag  # noqa: F401
@@ -41,6 +41,7 @@ class Setting:
     default: Any = None
     metavar: str | None = None
     prefixed: bool = True  # False: the flag is ``--NAME`` and ``ridgefill_engine`` has no keyword for it
+    VALUE: ClassVar[str] = "str"  # the type of a value, for ServerConfig's field
 
     @property
     def flag(self) -> str:
@@ -95,9 +96,15 @@ class Setting:
     def usage(self) -> str:
         return f"{self.flag} {self.metavar}" if self.metavar else self.flag
 
+    def config_field(self) -> tuple[str, str, Any]:
+        """This setting's field of ``config.ServerConfig``: name, type, default."""
+        annotation = self.VALUE if self.default is not None else f"{self.VALUE} | None"
+        return self.name, annotation, field(default=self.default)
+
 
 @dataclass(frozen=True, kw_only=True)
 class IntSetting(Setting):
+    VALUE: ClassVar[str] = "int"
     minimum: int
 
     def parse(self, text: str) -> int:
@@ -132,6 +139,8 @@ class ChoiceSetting(Setting):
 class SwitchSetting(Setting):
     """A flag without a value (``store_true``); its variable holds ``1`` (or ``0``: explicitly off)."""
 
+    VALUE: ClassVar[str] = "bool"
+
     default: bool = False
 
     def parse(self, text: str) -> bool:
@@ -156,6 +165,8 @@ class SwitchSetting(Setting):
 @dataclass(frozen=True, kw_only=True)
 class NamesSetting(Setting):
     """Comma-separated names; the value is a tuple (empty: the default)."""
+
+    VALUE: ClassVar[str] = "tuple[str, ...]"
 
     default: tuple[str, ...] = ()
 
