@@ -42,8 +42,8 @@ def _counters():
 
 
 def record_request(st: Any) -> None:
-    """Count one finished request, from its state (``runtime.state.RequestState``: its plan's arm, its stats
-    and the filled rows it reused; read by name, so this module stays below the runtime)."""
+    """Count one finished request, from its state (``runtime.state.RequestState``: its plan's arm, its
+    ``RequestStats`` and the filled rows it reused; read by name, so this module stays below the runtime)."""
     counters = _counters() if _EXPORTING["on"] else None
     if counters is None:
         return
@@ -52,8 +52,8 @@ def record_request(st: Any) -> None:
     for name in ("filled", "exact", "tail"):
         counters[name].labels(arm).inc(s.get(name, 0))
     counters["reused_filled"].labels(arm).inc(getattr(st, "reused_filled", 0))
-    if "saved_fraction" in s:  # not for a request that only ran its new rows over the cache's filled rows
-        counters["saved"].labels(arm).observe(s["saved_fraction"])
+    if s.saved_fraction is not None:  # not for a request that only ran its new rows over the cache's filled rows
+        counters["saved"].labels(arm).observe(s.saved_fraction)
 
 
 def set_live_requests(count: int) -> None:

@@ -5,12 +5,13 @@ from types import SimpleNamespace
 import pytest
 
 from sgl_ridgefill.metrics import record_request
+from sgl_ridgefill.runtime.request_stats import RequestStats
 
 
 def test_request_counters():
     prometheus = pytest.importorskip("prometheus_client")
     st = SimpleNamespace(plan=SimpleNamespace(arm="identity"),
-                         stats=dict(filled=100, exact=10, tail=20, saved_fraction=0.4))
+                         stats=RequestStats(filled=100, exact=10, tail=20, saved_fraction=0.4))
     before = prometheus.REGISTRY.get_sample_value("ridgefill_filled_rows_total", {"arm": "identity"}) or 0.0
     record_request(st)
     record_request(st)

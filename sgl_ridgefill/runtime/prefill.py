@@ -201,9 +201,9 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
     )
     if plan.watch_rows is not None:
-        st.stats.update(selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
+        st.stats.update(**selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
     if recurrence is not None and recurrence.rho:
-        st.stats["terminal_rho"] = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
+        st.stats.terminal_rho = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if visible is not None:
         st.hidden_keys = ~visible[0][:boundary]
     st.exact_positions = exact.tolist()  # host already: the rows row-exact reuse may share as exact
@@ -230,15 +230,13 @@ def _stream_tail(ctx: PassContext, fb: ForwardBatch, i: int, row0: int, st: Requ
             runs_from=int(tail_pos[0]),
         )
         hidden[row0 + n_prefix : row0 + n] = out
-        for key, value in shape.items():
-            st.stats[key] = st.stats.get(key, 0) + value
+        st.stats.add(upper_steps=shape["steps"], virtual_requests=shape["virtual_requests"], groups=shape["groups"])
     if p0 + n < big_n:
         return
     n_new_prefix = max(boundary - st.start, 0)
-    shape = {key: st.stats.pop(key, 0) for key in ("steps", "virtual_requests", "groups")}
+    st.stats.add(upper_steps=0, virtual_requests=0, groups=0)  # reported as 0 when no chunk had tail rows
     st.stats.update(
         prompt=big_n, cached=st.start, filled=n_new_prefix, exact=0, sinks=0, tail=big_n - boundary,
-        virtual_requests=shape["virtual_requests"], groups=shape["groups"], upper_steps=shape["steps"],
         saved_fraction=round((1 - split / ad.shape.num_layers) * n_new_prefix / max(big_n - st.start, 1), 4),
         streamed=True,
     )

@@ -142,13 +142,13 @@ class RidgeFillRuntime:
         cache (``watched_cached``) and how many of those were exact (``watched_cached_exact``)."""
         if st.start < 0:
             return
-        st.stats["cached"] = st.start
+        st.stats.cached = st.start
         if st.plan.cache_mode == "namespace" and st.start:
             keys = st.row_keys(st.prompt_ids.tolist())
-            st.stats["cached_exact"] = self.exact_rows.count_exact(keys, st.start)
+            st.stats.cached_exact = self.exact_rows.count_exact(keys, st.start)
             if st.start > st.boundary:  # tail rows taken from the cache: exact, or filled within the slack
                 tail_rows = range(st.boundary, st.start)
-                st.stats["tail_reused_filled"] = len(tail_rows) - self.exact_rows.exact_among(keys, tail_rows, st.start)[1]
+                st.stats.tail_reused_filled = len(tail_rows) - self.exact_rows.exact_among(keys, tail_rows, st.start)[1]
             if st.plan.watch_rows:
                 n, exact = self.exact_rows.exact_among(keys, st.plan.watch_rows, st.start)
                 st.stats.update(watched_cached=n, watched_cached_exact=exact)

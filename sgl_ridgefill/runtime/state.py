@@ -26,6 +26,7 @@ from ..attention.contract import serve_requests
 from ..maps.kinds import ContextState
 from .host_rows import HostRows
 from .plan import RequestPlan
+from .request_stats import RequestStats
 
 ATTR = "ridgefill"  # attribute of SGLang's Req holding its RequestState
 META_KEY = "ridgefill"  # meta_info["ridgefill"] of every response of a RidgeFill server
@@ -68,7 +69,7 @@ class RequestState:
     prefix_x: HostRows | None = None  # [B - start, d]
     # Query rows captured in the lower layers for attention statistics: (requirement, layer) -> [[rows, q*d]]
     queries: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)  # filled, exact and tail rows etc. (logs, metrics, meta_info)
+    stats: RequestStats = field(default_factory=RequestStats)  # what the prefill did (meta_info, logs, metrics)
     # nofill: keys the upper layers must not see in decode steps ([B] bool, True = hidden), set when done.
     hidden_keys: torch.Tensor | None = None
     context: ContextState | None = None  # a kv+context fill's state after the last row it saw
@@ -147,14 +148,14 @@ class RequestState:
             filled = max(min(chunk_start, self.boundary) - self.start, 0) if self.plan.arm != "nofill" else 0
             if filled:
                 reason += f"; the {filled} prompt rows of earlier chunks keep their filled KV"
-                self.stats["filled_before_failure"] = filled
+                self.stats.filled_before_failure = filled
             first_tail = max(self.boundary, self.start)
             # A streaming plan's earlier tail rows ran every layer in their own chunk: nothing is deferred.
             deferred = 0 if self.streams else max(chunk_start - first_tail, 0)
             if deferred:
                 # Their upper-layer KV (and, on hybrids, their upper recurrent state) was never written: no
                 # fallback of this or a later chunk can compute an answer from it.
-                self.stats["deferred_rows_lost"] = deferred
+                self.stats.deferred_rows_lost = deferred
                 self.stop_reason = (
                     f"{error}; the {deferred} tail rows [{first_tail}, {chunk_start}) of earlier chunks ran only "
                     "the lower layers, so no exact fallback can answer: the request stops"
@@ -184,9 +185,9 @@ class RequestState:
     @property
     def reused_filled(self) -> int:
         """Filled rows this request took from the radix cache (namespace mode: cached rows not recorded exact)."""
-        if "cached_exact" not in self.stats:
+        if self.stats.cached_exact is None:
             return 0
-        return max(0, int(self.stats.get("cached", 0)) - int(self.stats["cached_exact"]))
+        return max(0, int(self.stats.get("cached", 0)) - int(self.stats.cached_exact))
 
     def summary(self) -> dict:
         """What ran, for the response's ``meta_info["ridgefill"]``. A request that ran its own rows exactly over
@@ -196,7 +197,7 @@ class RequestState:
             out = {"ran": False, "reason": self.exact_reason}
             for key in ("cached", "cached_exact", "filled_before_failure", "deferred_rows_lost"):
                 if self.stats.get(key):
-                    out[key] = self.stats[key]
+                    out[key] = self.stats.get(key)
             return out
         plan = self.plan
         out = {"ran": True, "arm": plan.arm, "split": plan.split, "tail": plan.tail, "cache_mode": plan.cache_mode}
@@ -204,7 +205,7 @@ class RequestState:
             out["policy"] = plan.policy_name
         if plan.splice is not None:
             out["splice"] = plan.splice
-        out.update(self.stats)
+        out.update(self.stats.as_dict())
         if self.exact_reason is not None:
             out.setdefault("filled", 0)
             out.update(reused_filled=self.reused_filled, note=self.exact_reason)
