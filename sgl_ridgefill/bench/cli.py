@@ -29,9 +29,9 @@ import sys
 from typing import Any
 
 from ..cpu.dtype import CHOICES as DTYPE_CHOICES
-from ..vocabulary import DEFAULT_TAIL
-from ..tools.flops import ModelDims
 from ..tools import args as argtypes
+from ..tools.flops import ModelDims
+from ..vocabulary import DEFAULT_TAIL
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_SPLIT = 12

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from ..attention.backends import GPU_BACKENDS
 from ..tools import args as argtypes
 from . import report as out
 from .sgl_files import DEFAULT_DIR, SglFilesMissing, copy_sgl_files
@@ -47,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--only", type=argtypes.csv, default=KERNEL_STEPS, metavar="STEPS",
                    help=f"comma-separated steps (default all: {','.join(KERNEL_STEPS)})")
     s = p.add_argument_group("tier server")
-    s.add_argument("--backends", type=argtypes.csv, default=("triton", "flashinfer", "fa3"), help="default triton,flashinfer,fa3")
+    s.add_argument("--backends", type=argtypes.choices(tuple(GPU_BACKENDS), what="backend"), default=tuple(GPU_BACKENDS),
+                   help=f"default {','.join(GPU_BACKENDS)}")
     s.add_argument("--lengths", type=argtypes.token_counts, default=(8192, 16384, 32768), help="prompt tokens (default 8192,16384,32768)")
     s.add_argument("--pairs", type=int, default=3, help="exact/RidgeFill pairs per length (default 3)")
     s.add_argument("--warmup", type=int, default=1, help="untimed requests before measuring (default 1)")
