@@ -164,11 +164,16 @@ def test_interrupted_pass_resumes_to_the_same_statistics(calibrated, tiny_model,
     resumed, reference = load_stats(tmp_path / "maps.stats"), load_stats(calibrated.stats_dir)
     assert resumed.progress["done"] == reference.progress["done"]
     assert torch.equal(resumed.token_counts, reference.token_counts)
+    # The same pieces in the same order: equal up to float64 rounding. Not bitwise: on a 2-core AVX-512
+    # machine the sums of two passes over the same rows differed in their last bits only while another job
+    # loaded the CPU (the BLAS may split a reduction by the threads it gets). A lost or repeated piece moves
+    # the count and the sums by whole rows.
     for s in SPLITS:
         for side in ("train", "heldout", "heldout_all"):
-            for name in ("count", "sum_x", "xtx", "xty", "yy", "py", "pp"):
-                assert torch.equal(getattr(getattr(resumed, side)[s, "residual"], name),
-                                   getattr(getattr(reference, side)[s, "residual"], name))
+            ours, theirs = getattr(resumed, side)[s, "residual"], getattr(reference, side)[s, "residual"]
+            assert torch.equal(ours.count, theirs.count)
+            for name in ("sum_x", "xtx", "xty", "yy", "py", "pp"):
+                torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-12, atol=1e-9)
 
 
 def test_stats_of_another_setup_are_not_mixed_in(calibrated, tiny_model, text_corpus, tmp_path):
