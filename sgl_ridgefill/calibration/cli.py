@@ -41,7 +41,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     _common(parser)
     parser.set_defaults(func=_calibrate, calibrate_command=None)
 
-    commands = parser.add_subparsers(dest="calibrate_command", metavar="{stats,fit,fingerprint,terminal-state}")
+    commands = parser.add_subparsers(dest="calibrate_command", metavar="{stats,fit,score,fingerprint,terminal-state}")
     stats = commands.add_parser(
         "stats", help="the statistics pass alone, for one or more map kinds (then `calibrate fit --kind`)"
     )
@@ -59,6 +59,16 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     again.add_argument("--kind", type=argtypes.map_kind, default="residual", help="map kind to fit, one the statistics hold (default residual)")
     _common(again, stats=False)
     again.set_defaults(func=_resolve)
+    score = commands.add_parser(
+        "score", help="held-out R² of a maps folder on another pass's statistics (maps fitted on one text, scored on another)",
+        description="Score --maps, as served, on the held-out rows of --stats (a `calibrate stats` pass of the same "
+        "model, e.g. over another part of the corpus: --corpus builtin:code or builtin:prose). No text is read.",
+    )
+    score.add_argument("--maps", type=pathlib.Path, required=True, help="maps folder to score")
+    score.add_argument("--stats", type=pathlib.Path, required=True, help="statistics folder whose held-out rows score it")
+    score.add_argument("--splits", type=argtypes.layers, default=None, help="subset of the splits (default: all both hold)")
+    score.add_argument("--json", type=pathlib.Path, default=None, help="also write the scores here")
+    score.set_defaults(func=_score)
     stamp = commands.add_parser(
         "fingerprint", help="record a model's fingerprints in an existing maps folder (one written without them)"
     )
@@ -95,7 +105,8 @@ def _device_option(parser: argparse.ArgumentParser) -> None:
 def _pass_options(parser: argparse.ArgumentParser) -> None:
     """What the statistics pass reads and how: shared by ``calibrate`` and ``calibrate stats``."""
     parser.add_argument("--model", help="Hugging Face model folder, or a name `sgl-ridgefill model fetch` knows")
-    parser.add_argument("--corpus", help="folder of .txt/.jsonl files, or 'builtin' (Debian bible-kjv, python3-doc, the stdlib)")
+    parser.add_argument("--corpus", help="folder of .txt/.jsonl files, 'builtin' (Debian bible-kjv, python3-doc, the stdlib), "
+                        "or part of it: builtin:prose (the first two), builtin:code (the stdlib), builtin:kjv, ...")
     parser.add_argument("--splits", type=argtypes.layers, help="split layer(s), comma-separated, e.g. 12 or 12,16 (first is the default)")
     parser.add_argument("--max-tokens", type=COUNT, default=250_000, help="training tokens to read (default 250000)")
     parser.add_argument("--doc-tokens", type=COUNT, default=2048, help="longest forward pass; longer documents are cut (default 2048)")
@@ -193,6 +204,21 @@ def _resolve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     print(result.out_dir)
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    import json
+
+    from .score import markdown, score_maps
+
+    try:
+        result = score_maps(args.maps, args.stats, splits=args.splits)
+    except ValueError as exc:  # CalibrationError, MapsError
+        return _fail(str(exc))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(result))
     return 0
 
 

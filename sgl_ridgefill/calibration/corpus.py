@@ -1,4 +1,4 @@
-"""Calibration text: a user's folder of ``.txt``/``.jsonl`` files, or the ``builtin`` mix.
+"""Calibration text: a user's folder of ``.txt``/``.jsonl`` files, or the ``builtin`` mix (or a part of it).
 
 The ``builtin`` corpus is real text installed from Debian packages and the Python installation, a mix
 of prose and code:
@@ -6,6 +6,9 @@ of prose and code:
 - ``kjv``: the King James Bible, one document per book (Debian ``bible-kjv`` + ``bible-kjv-text``);
 - ``python-docs``: the Python documentation's reStructuredText sources (Debian ``python3-doc``);
 - ``python-stdlib``: the running interpreter's standard library sources, one document per module.
+
+``builtin:prose`` is the first two, ``builtin:code`` the third (``builtin:kjv`` etc.: one source), to fit maps
+on one kind of text and measure them on another.
 
 Documents keep their identity (held-out selection is by document, never by row) and are loaded lazily.
 The reading order is deterministic for a seed: each source is shuffled on its own, then sources are
@@ -276,9 +279,35 @@ def builtin_corpus() -> Corpus:
     return Corpus("builtin", (_kjv_source(), _python_docs_source(docs_root), _stdlib_source()))
 
 
+# Parts of the builtin corpus by kind of text, for ``builtin:<part>`` (a source's own name works too).
+BUILTIN_PARTS = {"prose": ("kjv", "python-docs"), "code": ("python-stdlib",)}
+BUILTIN = "builtin"
+
+
 def open_corpus(spec: str) -> Corpus:
-    """``"builtin"`` or a folder path."""
-    return builtin_corpus() if spec == "builtin" else folder_corpus(spec)
+    """``"builtin"``; ``"builtin:<part>[,<part>]"``, some of it (a part of :data:`BUILTIN_PARTS` or a source's
+    name: ``builtin:code``, ``builtin:kjv``); or a folder path."""
+    if spec == BUILTIN:
+        return builtin_corpus()
+    if spec.startswith(BUILTIN + ":"):
+        return builtin_part(spec)
+    return folder_corpus(spec)
+
+
+def builtin_part(spec: str) -> Corpus:
+    """The sources ``spec`` (``builtin:<part>[,<part>]``) names, as a corpus of that name."""
+    everything = builtin_corpus()
+    known = {s.name for s in everything.sources}
+    wanted: list[str] = []
+    for part in (p.strip() for p in spec.split(":", 1)[1].split(",")):
+        names = BUILTIN_PARTS.get(part, (part,))
+        if not part or any(n not in known for n in names):
+            raise CalibrationError(
+                f"--corpus {spec}: {part!r} is no part of the builtin corpus; parts: {', '.join(BUILTIN_PARTS)}, "
+                f"or a source: {', '.join(sorted(known))}"
+            )
+        wanted += [n for n in names if n not in wanted]
+    return Corpus(spec, tuple(s for s in everything.sources if s.name in wanted))
 
 
 def iter_pieces(tokens: list[int], doc_tokens: int, min_doc_tokens: int) -> Iterable[list[int]]:

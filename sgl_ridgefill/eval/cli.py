@@ -49,7 +49,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--tasks", default=None,
                    help=f"needle tasks, comma-separated, or 'all' (default {sizing.DEFAULTS['tasks']})")
     p.add_argument("--haystacks", default=None,
-                   help="noise, text (registry-package prose) or a folder, comma-separated (default noise,text)")
+                   help="noise, text (the builtin corpus' prose), code (its code: the Python standard library) or a folder, "
+                        "comma-separated (default noise,text)")
     p.add_argument("--depths", type=int, default=None,
                    help="needle depths spread over the filled prefix, plus 4 around and in the tail (default 5)")
     p.add_argument("--seeds", type=int, default=None, help="samples per task, haystack and depth (default 1)")

@@ -6,6 +6,7 @@ plus a word list for needle keys and the common-words task:
 - ``"noise"``: RULER's noise paragraph repeated, one per line; words from :data:`FALLBACK_WORDS`;
 - ``"text"``: the prose of the builtin calibration corpus (King James Bible and the Python documentation,
   Debian packages ``bible-kjv``, ``bible-kjv-text``, ``python3-doc``); words from that prose;
+- ``"code"``: its code (the Python standard library's sources); words from that code;
 - a folder path: every ``.txt``/``.jsonl`` document under it; words from its text, or
   :data:`FALLBACK_WORDS` when it holds fewer than :data:`MIN_WORDS` distinct words.
 
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 # RULER's noise haystack (scripts/data/synthetic/niah.py), one copy per line.
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-PROSE_SOURCES = ("kjv", "python-docs")
+# Haystacks of the builtin corpus' parts (``calibration.corpus.BUILTIN_PARTS``), by their names here.
+BUILTIN_HAYSTACKS = {"text": "builtin:prose", "code": "builtin:code"}
 MAX_WORDS = 20000
 MIN_WORDS = 300  # fewer distinct words than this in a text haystack: use FALLBACK_WORDS instead
 _DOC_SEPARATOR = "\n\n"
@@ -167,21 +169,21 @@ def extract_words(texts: Iterable[str], limit: int = MAX_WORDS, min_count: int =
 
 @functools.lru_cache(maxsize=16)
 def open_haystack(spec: str) -> Haystack:
-    """``"noise"``, ``"text"`` (the builtin corpus' prose) or a folder of ``.txt``/``.jsonl`` files.
+    """``"noise"``, ``"text"`` (the builtin corpus' prose), ``"code"`` (its code) or a folder of ``.txt``/``.jsonl``
+    files.
 
     Raises ``ValueError`` (the calibration package's ``CalibrationError``) for a missing folder or
     missing Debian packages.
     """
     if spec == "noise":
         return Haystack("noise")
-    if spec == "text":
-        from sgl_ridgefill.calibration.corpus import Corpus, builtin_corpus
+    if spec in BUILTIN_HAYSTACKS:
+        from sgl_ridgefill.calibration.corpus import Corpus, open_corpus
 
-        builtin = builtin_corpus()
-        prose = tuple(s for s in builtin.sources if s.name in PROSE_SOURCES)
-        return Haystack("text", Corpus("text", prose))
+        return Haystack(spec, Corpus(spec, open_corpus(BUILTIN_HAYSTACKS[spec]).sources))
     if not pathlib.Path(spec).is_dir():
-        raise ValueError(f"haystack {spec!r}: expected 'noise', 'text' or a folder of .txt/.jsonl files")
+        raise ValueError(f"haystack {spec!r}: expected 'noise', {', '.join(map(repr, BUILTIN_HAYSTACKS))} or a folder "
+                         "of .txt/.jsonl files")
     from sgl_ridgefill.calibration.corpus import folder_corpus
 
     return Haystack(pathlib.Path(spec).resolve().name, folder_corpus(spec))

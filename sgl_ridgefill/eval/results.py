@@ -19,6 +19,7 @@ yet reads "not run".
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import shlex
 import shutil
@@ -28,6 +29,7 @@ import sys
 from ..maps import kinds
 from ..models.fetch import default_cache_dir
 from ..tools import args as argtypes
+from .domain import DOMAIN_R2
 from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
@@ -39,7 +41,9 @@ MAP_KINDS = tuple(kinds.MAP_KINDS)
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, against the question-aware ones
 SELECTION_LAYERS = "selection-layers"  # which lower layers' attention chooses the rows on a deeper model
-GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS)
+CALIBRATION_DOMAIN = "calibration-domain"  # maps fitted on prose, code or both, measured on haystacks of each
+GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS, CALIBRATION_DOMAIN)
+BUILTIN = "builtin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Run:
     extra: tuple[str, ...] = ()  # more `sgl-ridgefill eval` flags
     map_kind: str = RESIDUAL
     group: str = ""  # CHOOSE_SPLIT: a row of the map kind x split x rows table
+    corpus: str = BUILTIN  # what the maps are fitted on: the builtin corpus, or a part of it (builtin:code)
 
     def __post_init__(self) -> None:
         if self.map_kind not in MAP_KINDS:
@@ -64,21 +69,34 @@ class Run:
         """The run's ``--rows-select`` (None: the reference attention selection)."""
         return self.extra[self.extra.index("--rows-select") + 1] if "--rows-select" in self.extra else None
 
+    def _corpus_suffix(self) -> str:
+        return "" if self.corpus == BUILTIN else "-" + self.corpus.removeprefix(BUILTIN + ":").replace(",", "-")
+
     def maps_name(self) -> str:
         kind = "" if self.map_kind == RESIDUAL else self.map_kind.replace("+", "-") + "-"
-        return f"{self.model}-{kind}s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
+        return f"{self.model}-{kind}s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k{self._corpus_suffix()}"
 
     def stats_name(self) -> str:
-        return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k"
+        return f"{self.model}-s{'-'.join(map(str, self.splits))}-{CALIBRATION_TOKENS // 1000}k{self._corpus_suffix()}"
+
+    @property
+    def shares_stats_pass(self) -> bool:
+        """The choose-split runs and every run of another map kind share one statistics pass holding every map
+        kind; the other residual runs calibrate in one command, which keeps its statistics beside the maps."""
+        return self.group == CHOOSE_SPLIT or self.map_kind != RESIDUAL
+
+    def own_stats(self, maps: pathlib.Path, stats: pathlib.Path) -> pathlib.Path:
+        """Where the statistics behind ``maps`` are: ``stats`` (the shared pass), or ``OUT.stats`` beside them."""
+        return stats if self.shares_stats_pass else maps.with_name(maps.name + ".stats")
 
     def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path) -> list[list[str]]:
         """The choose-split runs and every run of another map kind share one statistics pass holding every map
         kind (the same documents, so their text-haystack prompts pair across kinds), then fit their kind; the
         other residual runs calibrate in one."""
         cli = [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate"]
-        common = ["--model", self.model, "--corpus", "builtin", "--splits", ",".join(map(str, self.splits)),
+        common = ["--model", self.model, "--corpus", self.corpus, "--splits", ",".join(map(str, self.splits)),
                   "--max-tokens", str(CALIBRATION_TOKENS)]
-        if self.group != CHOOSE_SPLIT and self.map_kind == RESIDUAL:
+        if not self.shares_stats_pass:
             return [[*cli, *common, "--out", str(maps), "--force"]]
         return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
                 [*cli, "fit", "--stats", str(stats), "--kind", self.map_kind, "--out", str(maps), "--force"]]
@@ -161,6 +179,18 @@ def pooled_tail_rows(layers: tuple[int, ...]) -> str:
     return POOLED_TAIL_ROWS.replace("layers=[3, 7, 11]", f"layers=[{', '.join(map(str, layers))}]")
 
 
+# The calibration's domain: residual maps at split 12 fitted on the builtin mix, on its code alone (the Python
+# standard library) and on its prose alone (the King James Bible and the Python documentation), each measured on
+# haystacks of prose and of code (96 filled-region samples) and scored on the other passes' held-out rows
+# (`calibrate score`: DOMAIN_R2 beside each report).
+_DOMAIN = ("--preset", "quality", "--haystacks", "text,code", "--docs", "0", "--needle-arms", "exact,ridgefill")
+DOMAIN_CORPORA = (BUILTIN, "builtin:code", "builtin:prose")
+
+
+def _domain_name(corpus: str) -> str:
+    return f"qwen2.5-0.5b-s12-domain-{corpus.removeprefix(BUILTIN + ':') if corpus != BUILTIN else 'mix'}-q"
+
+
 # SmolLM2-135M has 30 layers: the shipped selection reads layers 3, 7 and 11 (chosen on the 24-layer Qwen); the
 # same selection from layers spread below its split 15 and from the three just below it, on the same 96
 # filled-region samples (kv+context maps, the exact arm once).
@@ -215,6 +245,8 @@ RUNS = (
     *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
           _smol_layers(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
       for i, layers in enumerate(SMOL_LAYER_SETS)),
+    *(Run(_domain_name(corpus), "qwen2.5-coder-0.5b", (12,), 12, (4096,), _DOMAIN, group=CALIBRATION_DOMAIN,
+          corpus=corpus) for corpus in DOMAIN_CORPORA),
 )
 
 
@@ -283,6 +315,9 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
     if not report_only and not (maps / "manifest.json").exists():
         for cmd in run.calibrate_commands(maps, runs_dir / "stats" / run.stats_name()):
             _sh(cmd)
+    if run.group == CALIBRATION_DOMAIN and (maps / "manifest.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        write_domain_scores(run, maps, runs_dir, target / DOMAIN_R2)
     command = run.eval_command(maps, out, report_only=report_only, exact_from=exact_sources(run, RUNS, runs_dir, docs))
     _sh(command, ok=(0, _NO_CHECK) if report_only else (0,))
     target.mkdir(parents=True, exist_ok=True)
@@ -290,6 +325,26 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
         if f.suffix in (".md", ".png") or f.name in ("summary.json", "eval-rows.rfpolicy", RAW):
             shutil.copy2(f, target / f.name)
     return target
+
+
+def write_domain_scores(run: Run, maps: pathlib.Path, runs_dir: pathlib.Path, path: pathlib.Path) -> dict:
+    """``run``'s maps scored on the held-out rows of every calibration-domain pass made so far (its own and
+    its siblings'), kept beside its report; a sibling not calibrated yet is left out until a later run."""
+    from ..calibration.score import score_maps
+    from ..calibration.stats import STATS_FILE
+
+    scores = json.loads(path.read_text()) if path.exists() else {}
+    for other in RUNS:
+        if other.group != CALIBRATION_DOMAIN or other.corpus in scores:
+            continue
+        other_maps = runs_dir / "maps" / other.maps_name()
+        stats = other.own_stats(other_maps, runs_dir / "stats" / other.stats_name())
+        if (stats / STATS_FILE).exists():
+            result = score_maps(maps, stats, splits=(run.split,))["splits"][str(run.split)]
+            scores[other.corpus] = {"mean_r2": result["mean_r2"], "mean_r2_identity": result["mean_r2_identity"],
+                                    "heldout_rows": result["heldout_rows"]}
+    path.write_text(json.dumps(dict(sorted(scores.items())), indent=1) + "\n")
+    return scores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     if not present:
         print("no reports under docs/results yet", file=sys.stderr)
         return 1
-    path = render_results_md(present, args.docs / "RESULTS.md", COMMAND, comparison=planned(RUNS, args.docs))
+    domain = [(run.corpus, plan) for run in RUNS for plan in planned((run,), args.docs, CALIBRATION_DOMAIN)]
+    path = render_results_md(present, args.docs / "RESULTS.md", COMMAND, comparison=planned(RUNS, args.docs),
+                             domain=domain)
     print(f"wrote {path}")
     return 0
 

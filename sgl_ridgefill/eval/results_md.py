@@ -13,6 +13,7 @@ from typing import Any
 
 from . import plots, tradeoff
 from .arms import EXACT, IDENTITY, NOFILL, RIDGEFILL, RIDGEFILL_RANDOM, RIDGEFILL_ROWS
+from .domain import section as domain_section
 from .markdown import NA, ci, image, score, signed, table
 from .report import REPORT_NAME
 from .retrieval import ALL, pooled
@@ -24,7 +25,8 @@ _LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
 
 
 def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, command: str, *,
-                      comparison: Sequence[tradeoff.PlannedRun] = (), n_resamples: int = 5000) -> pathlib.Path:
+                      comparison: Sequence[tradeoff.PlannedRun] = (),
+                      domain: Sequence[tuple[str, tradeoff.PlannedRun]] = (), n_resamples: int = 5000) -> pathlib.Path:
     """Join ``REPORT.md`` of each directory into ``out`` (e.g. ``docs/RESULTS.md``) under one title, after the
     overview and, when ``comparison`` names runs, the split and map-kind comparison (runs without a
     ``summary.json`` in it are "not run")."""
@@ -41,6 +43,7 @@ def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | path
     else:
         (out.parent / OVERVIEW_PNG).unlink(missing_ok=True)
     parts += _tradeoff_section(comparison, out.parent, n_resamples)
+    parts += domain_section(domain, n_resamples=n_resamples)
     for report_dir in map(pathlib.Path, report_dirs):
         path = report_dir / REPORT_NAME
         if not path.exists():

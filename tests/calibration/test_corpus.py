@@ -136,3 +136,19 @@ def test_builtin_mixes_real_prose_docs_and_code():
     assert not any("/test/" in i or "site-packages" in i for i in code)
     description = json.dumps(corpus.describe())
     assert "bible-kjv-text" in description
+
+
+@pytest.mark.skipif(not _builtin_installed(), reason="Debian packages bible-kjv, bible-kjv-text, python3-doc not installed")
+def test_parts_of_the_builtin_corpus():
+    from sgl_ridgefill.calibration.corpus import open_corpus
+
+    assert [s.name for s in open_corpus("builtin:code").sources] == ["python-stdlib"]
+    assert [s.name for s in open_corpus("builtin:prose").sources] == ["kjv", "python-docs"]
+    both = open_corpus("builtin:kjv,code")
+    assert both.name == "builtin:kjv,code" and [s.name for s in both.sources] == ["kjv", "python-stdlib"]
+    assert {d.id for d in both.documents} <= {d.id for d in builtin_corpus().documents}
+    with pytest.raises(CalibrationError, match=r"^--corpus builtin:poetry: 'poetry' is no part of the builtin corpus; "
+                                               r"parts: prose, code, or a source: kjv, python-docs, python-stdlib$"):
+        open_corpus("builtin:poetry")
+    with pytest.raises(CalibrationError, match="'' is no part"):
+        open_corpus("builtin:")

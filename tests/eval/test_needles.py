@@ -272,3 +272,20 @@ def test_text_haystack_is_builtin_prose(tok):
     sample = make_sample(tok, "niah_multikey", 2048, TAIL, 700, haystack="text")
     assert len(sample.input_ids) == 2048 and sample.haystack == "text"
     assert len(open_haystack("text").words) > 5000
+
+
+def test_code_haystack_is_the_builtin_code(tok):
+    try:
+        from sgl_ridgefill.calibration.corpus import builtin_corpus
+
+        builtin_corpus()
+    except Exception as exc:  # the Debian text packages are not installed
+        pytest.skip(f"builtin corpus unavailable: {exc}")
+    code = open_haystack("code")
+    ids = [doc_id for doc_id, _ in zip((d for d, _ in code.documents(seed=0)), range(20))]
+    assert code.name == "code" and all(i.split("/")[0] == "python-stdlib" for i in ids)
+    assert "def" in next(code.documents(seed=0))[1] or "import" in next(code.documents(seed=0))[1]
+    sample = make_sample(tok, "niah_single", 2048, TAIL, 700, haystack="code")
+    assert len(sample.input_ids) == 2048 and sample.haystack == "code" and sample.id.startswith("niah_single/code/")
+    with pytest.raises(ValueError, match="expected 'noise', 'text', 'code' or a folder"):
+        open_haystack("poetry")
