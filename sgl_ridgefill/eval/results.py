@@ -42,7 +42,8 @@ CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x
 QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, against the question-aware ones
 SELECTION_LAYERS = "selection-layers"  # which lower layers' attention chooses the rows on a deeper model
 CALIBRATION_DOMAIN = "calibration-domain"  # maps fitted on prose, code or both, measured on haystacks of each
-GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS, CALIBRATION_DOMAIN)
+LENGTH = "length"  # the quality preset at 16K and 32K, and maps fitted on documents as long as the prompts
+GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS, CALIBRATION_DOMAIN, LENGTH)
 BUILTIN = "builtin"
 
 
@@ -57,8 +58,12 @@ class Run:
     map_kind: str = RESIDUAL
     group: str = ""  # CHOOSE_SPLIT: a row of the map kind x split x rows table
     corpus: str = BUILTIN  # what the maps are fitted on: the builtin corpus, or a part of it (builtin:code)
+    calibrate_extra: tuple[str, ...] = ()  # more `sgl-ridgefill calibrate` flags (then maps of their own)
+    maps_tag: str = ""  # names the maps folder of a run with calibrate_extra
 
     def __post_init__(self) -> None:
+        if bool(self.calibrate_extra) != bool(self.maps_tag):
+            raise ValueError(f"run {self.name!r}: calibrate_extra and maps_tag go together (maps of their own, named)")
         if self.map_kind not in MAP_KINDS:
             raise ValueError(f"run {self.name!r}: map kind {self.map_kind!r} is not one of {', '.join(MAP_KINDS)}")
         if self.split not in self.splits:
@@ -70,7 +75,8 @@ class Run:
         return self.extra[self.extra.index("--rows-select") + 1] if "--rows-select" in self.extra else None
 
     def _corpus_suffix(self) -> str:
-        return "" if self.corpus == BUILTIN else "-" + self.corpus.removeprefix(BUILTIN + ":").replace(",", "-")
+        corpus = "" if self.corpus == BUILTIN else "-" + self.corpus.removeprefix(BUILTIN + ":").replace(",", "-")
+        return corpus + (f"-{self.maps_tag}" if self.maps_tag else "")
 
     def maps_name(self) -> str:
         kind = "" if self.map_kind == RESIDUAL else self.map_kind.replace("+", "-") + "-"
@@ -95,7 +101,7 @@ class Run:
         other residual runs calibrate in one."""
         cli = [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate"]
         common = ["--model", self.model, "--corpus", self.corpus, "--splits", ",".join(map(str, self.splits)),
-                  "--max-tokens", str(CALIBRATION_TOKENS)]
+                  "--max-tokens", str(CALIBRATION_TOKENS), *self.calibrate_extra]
         if not self.shares_stats_pass:
             return [[*cli, *common, "--out", str(maps), "--force"]]
         return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
@@ -191,6 +197,16 @@ def _domain_name(corpus: str) -> str:
     return f"qwen2.5-0.5b-s12-domain-{corpus.removeprefix(BUILTIN + ':') if corpus != BUILTIN else 'mix'}-q"
 
 
+# Length: the quality preset's 96 filled-region samples at 16K, and 48 (four depths) at 32K, the longest prompt
+# Qwen2.5-Coder-0.5B's 32K context holds with room for the answer; exact, the bare fill and the shipped rows
+# selection. The maps are fitted on pieces of at most 2,048 tokens; the same at 16K with maps fitted on whole
+# pieces of up to 16,384 tokens (one per document) says what longer calibration documents change.
+_LENGTH = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
+           "--rows-select", POOLED_TAIL_ROWS)
+_LENGTH_32K = (*_LENGTH, "--depths", "4")
+_LONG_DOCS = ("--doc-tokens", "16384", "--max-doc-pieces", "1", "--min-doc-tokens", "4096")
+
+
 # SmolLM2-135M has 30 layers: the shipped selection reads layers 3, 7 and 11 (chosen on the 24-layer Qwen); the
 # same selection from layers spread below its split 15 and from the three just below it, on the same 96
 # filled-region samples (kv+context maps, the exact arm once).
@@ -247,6 +263,10 @@ RUNS = (
       for i, layers in enumerate(SMOL_LAYER_SETS)),
     *(Run(_domain_name(corpus), "qwen2.5-coder-0.5b", (12,), 12, (4096,), _DOMAIN, group=CALIBRATION_DOMAIN,
           corpus=corpus) for corpus in DOMAIN_CORPORA),
+    Run("qwen2.5-0.5b-s12-16k-q", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LENGTH, group=LENGTH),
+    Run("qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-coder-0.5b", (12,), 12, (16384,), _LENGTH, group=LENGTH,
+        calibrate_extra=_LONG_DOCS, maps_tag="docs16k"),
+    Run("qwen2.5-0.5b-s12-32k-q", "qwen2.5-coder-0.5b", (6, 12), 12, (32640,), _LENGTH_32K, group=LENGTH),
 )
 
 

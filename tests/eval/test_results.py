@@ -180,3 +180,20 @@ def test_the_selection_layer_runs_read_their_own_layers_below_the_split():
         assert run.rows_select.count(shown) == 2 and max(layers) < run.split and run.map_kind == "kv+context"
     assert results.POOLED_TAIL_ROWS == results.pooled_tail_rows((3, 7, 11))
     assert [("exact" in r.extra[r.extra.index("--needle-arms") + 1]) for r in group] == [True, False, False]
+
+
+def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
+    import pytest
+
+    group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
+    assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q"}
+    assert group["qwen2.5-0.5b-s12-16k-q"].lengths == (16384,) and max(group["qwen2.5-0.5b-s12-32k-q"].lengths) < 32768
+    long_docs = group["qwen2.5-0.5b-s12-16k-longdocs-q"]
+    maps = tmp_path / long_docs.maps_name()
+    (command,) = long_docs.calibrate_commands(maps, tmp_path / "stats")
+    assert command[command.index("--doc-tokens") + 1] == "16384" and maps.name.endswith("-docs16k")
+    assert long_docs.maps_name() != group["qwen2.5-0.5b-s12-16k-q"].maps_name()
+    thirty_two = group["qwen2.5-0.5b-s12-32k-q"].extra
+    assert thirty_two[thirty_two.index("--depths") + 1] == "4"  # 2 tasks x 2 haystacks x 2 seeds x (4 + 2) = 48 filled
+    with pytest.raises(ValueError, match="calibrate_extra and maps_tag go together"):
+        results.Run("x", "m", (12,), 12, (4096,), calibrate_extra=("--doc-tokens", "8192"))
