@@ -9,18 +9,12 @@ import json
 import pytest
 
 from sgl_ridgefill.calibration import cli as calibration_cli
-from sgl_ridgefill.calibration.config import CalibrationConfig, CalibrationError
+from sgl_ridgefill.calibration.config import CalibrationError
 from sgl_ridgefill.calibration.pipeline import calibrate, collect_stats
 from sgl_ridgefill.calibration.score import score_maps
 from sgl_ridgefill.maps import load_maps
 
-
-def _config(model, corpus, out, **overrides):
-    settings = dict(model=str(model), corpus=str(corpus), splits=(1, 2), out_dir=out, max_tokens=10**6,
-                    doc_tokens=256, min_doc_tokens=32, heldout_docs=2, progress=False, checkpoint_seconds=0.0,
-                    dtype="float32")
-    settings.update(overrides)
-    return CalibrationConfig(**settings)
+from .test_pipeline import _config  # the tiny pass over splits 1 and 2
 
 
 @pytest.fixture(scope="module")
