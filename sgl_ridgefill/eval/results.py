@@ -75,7 +75,7 @@ class Run:
         return self.extra[self.extra.index("--rows-select") + 1] if "--rows-select" in self.extra else None
 
     def _corpus_suffix(self) -> str:
-        corpus = "" if self.corpus == BUILTIN else "-" + self.corpus.removeprefix(BUILTIN + ":").replace(",", "-")
+        corpus = "" if self.corpus == BUILTIN else "-" + corpus_label(self.corpus)
         return corpus + (f"-{self.maps_tag}" if self.maps_tag else "")
 
     def maps_name(self) -> str:
@@ -92,8 +92,11 @@ class Run:
         return self.group == CHOOSE_SPLIT or self.map_kind != RESIDUAL
 
     def own_stats(self, maps: pathlib.Path, stats: pathlib.Path) -> pathlib.Path:
-        """Where the statistics behind ``maps`` are: ``stats`` (the shared pass), or ``OUT.stats`` beside them."""
-        return stats if self.shares_stats_pass else maps.with_name(maps.name + ".stats")
+        """Where the statistics behind ``maps`` are: ``stats`` (the shared pass), or where calibrate keeps them
+        beside the maps."""
+        from ..calibration.config import default_stats_dir
+
+        return stats if self.shares_stats_pass else default_stats_dir(maps)
 
     def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path) -> list[list[str]]:
         """The choose-split runs and every run of another map kind share one statistics pass holding every map
@@ -193,8 +196,14 @@ _DOMAIN = ("--preset", "quality", "--haystacks", "text,code", "--docs", "0", "--
 DOMAIN_CORPORA = (BUILTIN, "builtin:code", "builtin:prose")
 
 
+def corpus_label(corpus: str) -> str:
+    """A corpus spec in a run's or a maps folder's name: ``mix`` for the whole builtin corpus, ``code`` for
+    ``builtin:code``, ``kjv-code`` for ``builtin:kjv,code``."""
+    return "mix" if corpus == BUILTIN else corpus.removeprefix(BUILTIN + ":").replace(",", "-")
+
+
 def _domain_name(corpus: str) -> str:
-    return f"qwen2.5-0.5b-s12-domain-{corpus.removeprefix(BUILTIN + ':') if corpus != BUILTIN else 'mix'}-q"
+    return f"qwen2.5-0.5b-s12-domain-{corpus_label(corpus)}-q"
 
 
 # Length: the quality preset's 96 filled-region samples at 16K, and 48 (four depths) at 32K, the longest prompt
