@@ -59,7 +59,10 @@ class RequestKey:
     default: Any = None
     default_doc: str = "the server's"  # the README's default column when ``default`` is None
     diagnostic: bool = False  # a measurement knob: any value but the default needs --ridgefill-diagnostics
-    in_namespace: bool = False  # changes the filled KV, so it is part of a plan's radix-cache namespace
+    # Changes the filled KV, so it is part of a plan's radix-cache namespace. Which rows run exactly does not
+    # (a filled row's KV depends on its own tokens only, and the cache records which of its rows are exact), so
+    # the keys that choose rows are not.
+    in_namespace: bool = False
     VALUE: ClassVar[str] = "Any"  # the type of a parsed value, for RequestParams' field
 
     @property
@@ -231,18 +234,18 @@ REQUEST_KEYS: tuple[RequestKey, ...] = (
     IntKey(name="split", lo=1, hi=1024, in_namespace=True, doc="split layer S (overrides the policy)"),
     IntKey(name="tail", lo=1, hi=INT32_MAX, in_namespace=True,
            doc="tail length T in tokens (overrides the policy; at most `--ridgefill-max-tail`)"),
-    IntKey(name="exact_every", lo=1, hi=INT32_MAX, diagnostic=True, in_namespace=True, default_doc="off",
+    IntKey(name="exact_every", lo=1, hi=INT32_MAX, diagnostic=True, default_doc="off",
            doc="every k-th new prefix row runs exactly (a simple selection for tests and controls)"),
-    EnumKey(name="control", choices=CONTROLS, default="none", diagnostic=True, in_namespace=True,
+    EnumKey(name="control", choices=CONTROLS, default="none", diagnostic=True,
             doc="`random`: as many random prefix rows run exactly as the selection chose"),
     IntKey(name="value_rescale", lo=0, hi=INT32_MAX, in_namespace=True,
            doc="the value rescale `c`; 0 turns the policy's correction off"),
-    IntKey(name="seed", lo=0, hi=INT64_MAX, default=0, diagnostic=True, in_namespace=True,
+    IntKey(name="seed", lo=0, hi=INT64_MAX, default=0, diagnostic=True,
            doc="seed of the random control's rows"),
     SpliceKey(name="splice", diagnostic=True, in_namespace=True, default_doc="off",
               doc="the filled rows get the exact model's keys, values, both, or key magnitude, in every upper layer "
                   "or in layers FIRST..LAST (costs a full exact prefill; for `sgl-ridgefill eval`)"),
-    RowsKey(name="exact_rows", diagnostic=True, in_namespace=True, default_doc="off",
+    RowsKey(name="exact_rows", diagnostic=True, default_doc="off",
             doc="these prompt positions run exactly, instead of the policy's selection (an oracle for "
                 "`sgl-ridgefill eval`: the needle's own rows)"),
     RowsKey(name="watch_rows", diagnostic=True, default_doc="off",

@@ -204,8 +204,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     ChoiceSetting(
         name="cache_mode", choices=CACHE_MODES,
-        help="`auto` (default): `namespace` for a plan that chooses no exact rows, `no_insert` for one that does "
-             "(a later question would inherit rows chosen for the first), with kv+context maps and on hybrid models; "
+        help="`auto` (default): `namespace` for a plan that chooses no exact rows or chooses them again over a "
+             "reused cache, `no_insert` for a probe selection or the value rescale (a later question would inherit "
+             "rows chosen for the first), with kv+context maps and on hybrid models; "
              "`no_insert`: filled "
              "KV never enters the radix cache, RidgeFill requests still reuse exact cached prefixes; `namespace`: "
              "RidgeFill requests share their KV among themselves, keyed by maps, policy and every request key that "

@@ -4,8 +4,9 @@
         [--servers stock,ridgefill,ridgefill-no-insert] [--ridgefill-flags '--ridgefill-tail 1024'] [--out docs]
         [--scale 1.0]
 
-The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``auto`` (``namespace`` for a
-plan without exact rows, as here unless ``--ridgefill-flags`` names a policy that chooses rows), RidgeFill with
+The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``auto`` (``namespace`` for the
+bare fill and for a policy that chooses its rows again over a reused cache, such as the shipped rows policies),
+RidgeFill with
 ``--ridgefill-cache-mode no_insert``) run on this CPU (``sgl_ridgefill.cpu.launch_server``) on the same
 model, all started before the first run: each workload runs on every server in turn with ``python -m
 sglang.benchmark.serving --backend sglang`` (SGLang's client, not this project's), the radix cache flushed

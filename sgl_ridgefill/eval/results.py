@@ -161,7 +161,8 @@ _QUALITY_POOLED_FRESH = ("--preset", "quality", "--tasks", "niah_multivalue,niah
                          "--needle-arms", "exact,ridgefill,ridgefill+rows", "--loss-arms", "exact", "--rows-select", POOLED_ROWS)
 # Later questions on a cached document (namespace cache mode): the niah_multikey prompts asked first, and asked
 # second or third after questions about the document's other keys filled it and chose its rows (the shipped
-# rows policy's selection, which reads the question).
+# rows policy's selection, which reads the question). The first run is from before later questions chose their
+# rows again over the cached document (they kept the first question's); the -reselect run is the same after.
 _LATER = ("--tasks", "niah_multikey", "--depths", "5", "--seeds", "4", "--docs", "0",
           "--needle-arms", "exact,ridgefill+rows,ridgefill+rows@q2,ridgefill+rows@q3", "--rows-select", POOLED_TAIL_ROWS)
 # Rows chosen without the question (a cache that serves several questions chooses them before it knows the
@@ -236,6 +237,8 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
     Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
+    # The same prompts on the server whose later questions choose their rows again over the cached document.
+    Run("qwen2.5-0.5b-s12-later-reselect-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
     Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND),
     Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,), _QUALITY_SECOND),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),

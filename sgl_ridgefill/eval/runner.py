@@ -168,7 +168,9 @@ def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[A
 _REPORTED_ROWS = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
 # A later question's: its needle was filled, or chosen exact, by the questions before it (the cached rows).
 _REPORTED_LATER_ROWS = {"cached_rows": "cached", "cached_exact_rows": "cached_exact", "needle_rows": "watched_cached",
-                        "needle_rows_exact": "watched_cached_exact", "tail_reused_filled": "tail_reused_filled"}
+                        "needle_rows_exact": "watched_cached_exact", "tail_reused_filled": "tail_reused_filled",
+                        # a plan that reselects: its rows among the whole prefix, the cached ones it made exact
+                        "needle_rows_exact_after": "watched_exact", "upgraded_rows": "upgraded"}
 
 
 def _ask_before(client: Client, sample, custom: dict, later: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from ..config import ServerConfig
 from ..vocabulary import DEFAULT_ARM, DEFAULT_CACHE_MODE, DEFAULT_TAIL
 from ..request_schema import RequestParamError, parse_request_params, refuse_diagnostics
-from .plan import RequestPlan
+from .plan import RequestPlan, reselection_blocker
 
 NOFILL_UNDER_PD = (
     "the nofill arm runs exact on a PD prefill worker (its decode steps must hide the filled rows, which a "
@@ -34,21 +34,25 @@ HYBRID_NAMESPACE_REFUSAL = (
 )
 
 
-def resolve_cache_mode(mode: str | None, *, arm: str, selects: bool, facts: "ServerFacts") -> str:
+def resolve_cache_mode(mode: str | None, *, arm: str, selects: bool, facts: "ServerFacts",
+                       reselect_blocker: str | None = None) -> str:
     """The cache mode a plan runs with, from the effective setting ``mode`` (``None``: the default).
 
-    ``auto`` shares a request's KV in its namespace when the plan fills every prefix row the same way
-    whatever the question (no exact rows chosen), so a later request on the same prefix gets what a fresh
-    fill would give, and keeps it out of the cache (``no_insert``) when the plan chooses exact rows: a
-    selection reads the prompt's end, and a later question would inherit rows chosen for the first (a
-    kv+context fill counts as choosing: it reuses no cached prefix, so nothing could share it). ``nofill`` (its upper layers hold nothing for the prefix) and a PD prefill worker (the decode worker's
-    radix cache holds exact KV only) never insert; hybrid models refuse ``namespace`` and resolve ``auto`` to
-    ``no_insert`` (a recurrent state stored under a namespace is not proven safe to share)."""
+    ``auto`` shares a request's KV in its namespace when a later request on the same prefix gets what a fresh
+    fill would give it: always for a plan that fills every prefix row the same way whatever the question (no
+    exact rows chosen), and for a plan that chooses exact rows when it can choose them again over the reused
+    cache (``RequestPlan.reselects``: among every prefix row, making exact the cached ones it chooses that the
+    cache holds filled). ``reselect_blocker`` says why a selecting plan cannot (a probe, the value rescale, a
+    splice, a kv+context fill, which reuses no cached prefix): it then keeps its KV out of the cache
+    (``no_insert``), since a later question would inherit rows chosen for the first. ``nofill`` (its upper
+    layers hold nothing for the prefix) and a PD prefill worker (the decode worker's radix cache holds exact KV
+    only) never insert; hybrid models refuse ``namespace`` and resolve ``auto`` to ``no_insert`` (a recurrent
+    state stored under a namespace is not proven safe to share)."""
     mode = mode or DEFAULT_CACHE_MODE
     if arm == "nofill" or facts.pd_prefill:
         return "no_insert"
     if mode == "auto":
-        return "no_insert" if selects or facts.recurrent_layers else "namespace"
+        return "no_insert" if (selects and reselect_blocker is not None) or facts.recurrent_layers else "namespace"
     if mode == "namespace" and facts.recurrent_layers:
         raise RequestParamError(HYBRID_NAMESPACE_REFUSAL)
     return mode
@@ -146,8 +150,12 @@ class Admitter:
         mode = self.effective("cache_mode") or DEFAULT_CACHE_MODE
         arm = self.effective("arm") or DEFAULT_ARM
         selection = self.policy is not None and self.policy.has_selection()
+        context = self._context(arm)
+        blocker = reselection_blocker(policy=self.policy if selection else None, context=context,
+                                      value_rescale=getattr(self.policy, "value_rescale_c", None))
         try:
-            resolved = resolve_cache_mode(mode, arm=arm, selects=selection or self._context(arm), facts=self.facts)
+            resolved = resolve_cache_mode(mode, arm=arm, selects=selection or context, facts=self.facts,
+                                          reselect_blocker=blocker)
         except RequestParamError:
             return mode  # refused at startup for hybrids (factory), per request otherwise
         return f"{resolved} (auto)" if mode == "auto" else resolved
@@ -238,7 +246,9 @@ class Admitter:
             self.check_policy(use_policy, split)
         # A kv+context fill matches no cached prefix (it needs every row's split state): nothing could reuse it.
         selects = explicit or use_policy is not None or context
-        cache_mode = resolve_cache_mode(pick("cache_mode"), arm=arm, selects=selects, facts=facts)
+        blocker = reselection_blocker(policy=use_policy, value_rescale=value_rescale, splice=splice, context=context)
+        cache_mode = resolve_cache_mode(pick("cache_mode"), arm=arm, selects=selects, facts=facts,
+                                        reselect_blocker=blocker)
         terminal = getattr(getattr(policy, "terminal_state", None), "offsets", None)
         if arm == "nofill" or not any(l >= split for l in facts.recurrent_layers):
             terminal = None  # nothing filled enters a recurrent state

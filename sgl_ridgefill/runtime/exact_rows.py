@@ -22,6 +22,12 @@ inserted a row first, so a request records only the rows the tree did not hold b
 KV the tree holds under it. Only exact rows are remembered; a key without a record reads as filled, and the
 record forgets its least recently used keys past its capacity, which only makes a later match shorter.
 
+A plan that chooses exact rows chooses them again over a reused cache (``RequestPlan.reselects``): among every
+prefix row, so a later question gets rows chosen for itself, not for the question that filled the document.
+The rows it chooses that the cache holds filled run exactly over their own cached slots (their split states
+recomputed from the cached lower layers, which are exact): an upgrade in place, which every later reader of
+the node shares and :meth:`ExactRows.mark_exact` records.
+
 Engine-free: numpy and the standard library.
 """
 
@@ -125,6 +131,15 @@ class ExactRows:
         """How many of the rows ``[0, hi)`` are known to be exact."""
         return sum(1 for key in keys[:hi].tolist() if key in self._exact)
 
+    def exact_mask(self, keys: np.ndarray, hi: int) -> np.ndarray:
+        """``[min(hi, len(keys))]`` bool: which of the rows ``[0, hi)`` are known to be exact."""
+        return np.fromiter((key in self._exact for key in keys[:hi].tolist()), dtype=bool, count=min(hi, len(keys)))
+
+    def mark_exact(self, keys: np.ndarray, positions: Iterable[int]) -> None:
+        """The rows at ``positions``, which the tree holds, were made exact in place (a later request chose them
+        and ran them exactly over their cached slots)."""
+        self._touch([int(keys[p]) for p in positions if 0 <= p < len(keys)])
+
     def exact_among(self, keys: np.ndarray, positions: Iterable[int], hi: int) -> tuple[int, int]:
         """``(n, exact)``: how many of ``positions`` lie in rows ``[0, hi)``, and how many of those are known
         to be exact."""
@@ -163,3 +178,6 @@ def record_inserted_rows(exact_rows: "ExactRows", req: Any, tree_cache: Any, st:
         exact_rows.forget(keys, max(st.start, 0))
         return
     exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_positions)
+    # Cached rows this request chose and made exact in place; the tree still holds them (they were matched,
+    # so locked, until this release).
+    exact_rows.mark_exact(keys, [p for p in st.upgraded_positions if p < int(held)])

@@ -5,11 +5,12 @@
   pool; no query, attention output or MLP runs (upper recurrent layers of hybrid models: ``recurrent.py``).
 - ``upper_pass``: layers ``S..L-1`` exactly for chosen rows of one request (exact rows and the tail, the
   probe rows, or the splice rows) over its cache, layer by layer, so per-layer corrections (value rescale)
-  see every row's exact input. Its rows run in steps of at most ``PassContext.chunk_rows`` rows (SGLang's
-  chunked-prefill budget): within each layer step after step in position order, so every row reads the
-  K/V that earlier steps wrote at that layer and the result is the same whatever the chunk size. The steps
-  are planned once (``attention/steps.py``) and each step's attention metadata is built once
-  (``ridgefill_prepare``) and reused by every upper layer (``ridgefill_activate``).
+  see every row's exact input; or any other range of layers (a cached row a later request chooses exact gets
+  its split state back from layers ``0..S-1`` over the cache: ``split=0, stop=S``). Its rows run in steps of
+  at most ``PassContext.chunk_rows`` rows (SGLang's chunked-prefill budget): within each layer step after step
+  in position order, so every row reads the K/V that earlier steps wrote at that layer and the result is the
+  same whatever the chunk size. The steps are planned once (``attention/steps.py``) and each step's attention
+  metadata is built once (``ridgefill_prepare``) and reused by every layer of the pass (``ridgefill_activate``).
 
 Nothing here reads a device value on the host: positions, lengths and plans are host values, sent to the
 device through ``attention/staging.py``. Every pass gets what it needs in a :class:`PassContext`; nothing
@@ -171,8 +172,10 @@ def upper_pass(
     captures: Sequence[QueryCapture] = (),
     final_norm: bool = True,
     recurrence: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    stop: int | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """Layers ``split..L-1`` for the rows of request ``i`` at ``positions`` starting from ``x_split``.
+    """Layers ``split..L-1`` (``split..stop-1`` with ``stop``) for the rows of request ``i`` at ``positions``
+    starting from ``x_split``, their input to layer ``split`` (with ``split = 0``: their embeddings).
 
     ``positions``: ``[rows]`` int64 CPU, ascending; ``prompt_ids``: ``[N]`` int64 CPU (the request's prompt);
     ``x_split``: ``[rows, hidden]``; ``slots``: ``[seq_len]`` pool slots of the request's positions (device);
@@ -185,6 +188,7 @@ def upper_pass(
     (``steps``, ``virtual_requests``, ``groups``).
     """
     ad = ctx.adapter
+    stop = ad.shape.num_layers if stop is None else stop
     steps = _planned_steps(ctx, fb, i, positions, prompt_ids, slots, visible, runs_from)
     shape = {
         "steps": len(steps),
@@ -196,7 +200,7 @@ def upper_pass(
     attention = row_query_backend(ctx.backend)
     try:
         hs = [residual_batch.set_written(x_split[s.step.rows], s.sub) for s in steps]
-        for layer_id in range(split, ad.shape.num_layers):
+        for layer_id in range(split, stop):
             recurrent_layer = ad.is_recurrent(layer_id)
             if before_layer is not None or recurrent_layer:
                 hs = [residual_batch.fold(h, s.sub) for h, s in zip(hs, steps)]

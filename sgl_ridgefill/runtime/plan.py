@@ -51,12 +51,41 @@ class RequestPlan:
         )
 
     @property
+    def reselects(self) -> bool:
+        """A namespace plan that chooses exact rows chooses them again over a reused cache: among every prefix
+        row, the cached ones included, which it makes exact where the cache holds them filled."""
+        return (
+            self.cache_mode == "namespace" and self.arm != "nofill" and self.has_selection
+            and reselection_blocker(policy=self.policy if self.exact_every is None and self.exact_rows is None else None,
+                                    value_rescale=self.value_rescale, splice=self.splice, context=self.context) is None
+        )
+
+    @property
     def namespace(self) -> str:
         """Cache namespace for ``cache_mode = namespace``: everything that changes the filled KV, i.e. the
         maps, the policy's identity and the plan fields of the request keys declared ``in_namespace``."""
         parts = [f"maps={self.maps_id}", f"policy={getattr(self.policy, 'identity', '')}"]
         parts += [f"{name}={getattr(self, name)}" for name in namespace_fields()]
         return "rf:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def reselection_blocker(*, policy: Any = None, value_rescale: int | None = None, splice: str | None = None,
+                        context: bool = False) -> str | None:
+    """Why a selecting plan could not choose its rows again over a reused cache (``None``: it can). A probe
+    runs the tail's last rows over the filled cache before the tail exists there, the value rescale needs
+    every exact row's split state from this request's own pass, a splice rewrites the whole prefix, and a
+    kv+context fill reuses no cached prefix at all."""
+    from ..selectors.base import ProbeRequirement
+
+    if context:
+        return "a kv+context fill reuses no cached prefix"
+    if value_rescale:
+        return "the value rescale"
+    if splice is not None:
+        return "a splice"
+    if policy is not None and any(isinstance(r, ProbeRequirement) for r in getattr(policy, "requirements", ())):
+        return "a probe selection"
+    return None
 
 
 _NOT_CARRIED = ("enabled", "policy")  # decides whether a plan exists; compiled into ``RequestPlan.policy``

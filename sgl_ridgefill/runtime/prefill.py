@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..attention.staging import to_device
@@ -95,7 +96,7 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
         logger.error("request %s: the batch does not run the prompt it was planned for; running it exactly", fb.rids[i])
         st.run_exact("the scheduler ran another prompt than the one planned")
         return
-    if st.boundary <= p0:
+    if st.boundary <= p0 and not st.plan.reselects:
         st.run_exact("the radix cache already holds the whole prefix")
         return
     if st.logprob_start is not None and p0 + n < big_n:
@@ -108,7 +109,9 @@ def begin(st: RequestState, fb: ForwardBatch, i: int, rows: slice, hidden_size: 
     if not st.streams:
         st.tail_x = torch.empty((big_n - st.boundary, hidden_size), dtype=dtype, device=device)
     st.states_in_sweep_two = recurrent_sinks
-    if plan.has_selection or plan.splice is not None or st.exact_context > p0 or recurrent_sinks or (sinks and plan.arm == "ridgefill"):
+    needs_prefix_x = (plan.has_selection or plan.splice is not None or st.exact_context > p0 or recurrent_sinks
+                      or (sinks and plan.arm == "ridgefill"))
+    if needs_prefix_x and st.boundary > p0:
         # The new prefix rows' split states wait for the exact rows, known at the last chunk.
         st.prefix_x = HostRows(st.boundary - p0, hidden_size, dtype, device)
     recurrent.begin(st)
@@ -167,11 +170,17 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         exact, agree = ctx.tp.agree_rows(exact)
         st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
     n_sinks = len(st.sink_rows)
-    tail_pos = torch.arange(boundary, big_n, dtype=torch.long)
-    all_pos = torch.cat([exact, tail_pos])
-    x_rows = st.tail_x
-    if exact.numel():
-        x_rows = torch.cat([st.prefix_x.gather(exact - st.start), st.tail_x])
+    first_tail = max(boundary, st.start)  # a reused cache may hold the tail's first rows (exact, or the slack)
+    tail_pos = torch.arange(first_tail, big_n, dtype=torch.long)
+    tail_x = st.tail_x[first_tail - boundary :]
+    cached, new = exact[exact < st.start], exact[exact >= st.start]
+    upgrade = _cached_rows_to_upgrade(ctx, st, cached)
+    x_rows = tail_x
+    if new.numel():
+        x_rows = torch.cat([st.prefix_x.gather(new - st.start), x_rows])
+    if upgrade.numel():
+        x_rows = torch.cat([split_states_from_cache(ctx, fb, i, st, upgrade, req_slots), x_rows])
+    all_pos = torch.cat([upgrade, new, tail_pos])
     visible = None
     if plan.arm == "nofill":
         shown = torch.zeros(big_n, dtype=torch.bool)
@@ -180,35 +189,75 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         visible = (shown, to_device(device, shown)[0])
     before_layer = None
     if plan.value_rescale:
-        before_layer = value_rescaler(ctx, fill, st, exact, x_rows, slots=req_slots)
+        before_layer = value_rescaler(ctx, fill, st, new, x_rows, slots=req_slots)
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     if recurrence is None:
         st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
     out, shape = passes.upper_pass(
-        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, slots=req_slots, visible=visible, runs_from=boundary,
+        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, slots=req_slots, visible=visible, runs_from=first_tail,
         before_layer=before_layer, recurrence=recurrence,
     )
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
-    first = max(boundary, p0)
-    hidden[row0 + first - p0 : row0 + n] = out[int(exact.numel()) + first - boundary :]
-    n_exact = int(exact.numel())
+    first = max(first_tail, p0)
+    n_before_tail = int(upgrade.numel() + new.numel())
+    hidden[row0 + first - p0 : row0 + n] = out[n_before_tail + first - first_tail :]
+    n_new = int(new.numel())
     n_new_prefix = max(boundary - st.start, 0)
+    n_filled = n_new_prefix - n_new if plan.arm != "nofill" else 0
+    # Against an exact prefill of the rows this request computes: a filled row saves its upper layers, an
+    # upgraded row (cached, chosen exact) costs every layer.
+    saved = (1 - split / num_layers) * (n_new_prefix - n_new) - int(upgrade.numel())
     st.stats.update(
-        prompt=big_n, cached=st.start, filled=n_new_prefix - n_exact if plan.arm != "nofill" else 0,
-        exact=n_exact, sinks=n_sinks, tail=big_n - boundary, virtual_requests=shape["virtual_requests"],
+        prompt=big_n, cached=st.start, filled=n_filled,
+        exact=int(exact.numel()), sinks=n_sinks, tail=big_n - boundary, virtual_requests=shape["virtual_requests"],
         groups=shape["groups"],
         upper_steps=shape["steps"],
-        saved_fraction=round((1 - split / num_layers) * (n_new_prefix - n_exact) / max(big_n - st.start, 1), 4),
+        saved_fraction=round(saved / max(big_n - st.start, 1), 4),
     )
+    if plan.reselects and st.start > 0:
+        st.stats.update(upgraded=int(upgrade.numel()))
     if plan.watch_rows is not None:
-        st.stats.update(**selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
+        if plan.reselects:  # the rows exact once this request ran: its choice and what the cache held exact
+            held = st.cached_exact_mask if st.cached_exact_mask is not None else np.zeros(0, dtype=bool)
+            now = torch.unique(torch.cat([exact, torch.from_numpy(np.flatnonzero(held)).long()]))
+            st.stats.update(**selection.watched_rows(plan.watch_rows, now, 0, boundary))
+        else:
+            st.stats.update(**selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
     if recurrence is not None and recurrence.rho:
         st.stats.terminal_rho = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
     if visible is not None:
         st.hidden_keys = ~visible[0][:boundary]
-    st.exact_positions = exact.tolist()  # host already: the rows row-exact reuse may share as exact
+    st.exact_positions = new.tolist()  # host already: the rows row-exact reuse may share as exact
+    st.upgraded_positions = upgrade.tolist()
     st.prefill_done = True
     st.free_buffers()
+
+
+def _cached_rows_to_upgrade(ctx: PassContext, st: RequestState, cached: torch.Tensor) -> torch.Tensor:
+    """Of the cached rows a reselecting request chose, those the cache holds filled (the others are exact
+    there already): ``[u]`` int64 host, ascending; agreed over tensor-parallel ranks."""
+    if not cached.numel():
+        return cached
+    mask = st.cached_exact_mask
+    known = torch.from_numpy(mask) if mask is not None else torch.zeros(st.start, dtype=torch.bool)
+    upgrade = cached[~known[cached]]
+    if ctx.tp is not None:  # every rank keeps the same record, but what runs as collectives must agree
+        upgrade, _ = ctx.tp.agree_rows(upgrade)
+    return upgrade
+
+
+def split_states_from_cache(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, positions: torch.Tensor,
+                            slots: torch.Tensor) -> torch.Tensor:
+    """The split states of cached rows (``positions``, ascending, below ``st.start``): layers ``0..S-1`` again
+    for those rows, from their embeddings over the cached lower-layer KV, which is exact (every prompt row runs
+    the lower layers exactly). Each row rewrites its own lower-layer K/V with what it computes, the same
+    values up to the kernels' rounding. Returns ``[u, hidden]``. ``slots``: ``[N]`` the request's pool slots."""
+    (ids,) = to_device(fb.input_ids.device, st.prompt_ids[positions].to(fb.input_ids.dtype))
+    x, _ = passes.upper_pass(
+        ctx, fb, i, 0, positions, st.prompt_ids, ctx.adapter.embed(ids), slots=slots, runs_from=st.start,
+        final_norm=False, stop=st.plan.split,
+    )
+    return x
 
 
 def _stream_tail(ctx: PassContext, fb: ForwardBatch, i: int, row0: int, st: RequestState, hidden: torch.Tensor,

@@ -21,7 +21,8 @@ class RequestStats:
     tail_reused_filled: int | None = None  # tail rows taken filled from the cache (the slack, namespace mode)
     # The rows of the new prefix and the tail.
     filled: int | None = None
-    exact: int | None = None  # prefix rows selected to run every layer
+    exact: int | None = None  # prefix rows selected to run every layer (cached ones too, for a reselecting plan)
+    upgraded: int | None = None  # of those, cached rows held filled that ran exactly over their slots (reselect)
     sinks: int | None = None  # prefix rows the maps were not fitted on (run exactly)
     tail: int | None = None
     saved_fraction: float | None = None  # estimated share of layer-passes skipped
@@ -31,8 +32,8 @@ class RequestStats:
     groups: int | None = None
     upper_steps: int | None = None
     # Diagnostics.
-    watched: int | None = None  # watch_rows in the new prefix
-    watched_exact: int | None = None  # of those, rows that ran exactly
+    watched: int | None = None  # watch_rows in the new prefix (the whole prefix, for a reselecting plan)
+    watched_exact: int | None = None  # of those, rows that ran exactly (or the cache held exact)
     watched_cached: int | None = None  # watch_rows that came from the cache
     watched_cached_exact: int | None = None  # of those, rows the cache holds as exact
     terminal_rho: float | None = None  # hybrids: the terminal-state correction's mean factor

@@ -145,7 +145,11 @@ class RidgeFillRuntime:
         st.stats.cached = st.start
         if st.plan.cache_mode == "namespace" and st.start:
             keys = st.row_keys(st.prompt_ids.tolist())
-            st.stats.cached_exact = self.exact_rows.count_exact(keys, st.start)
+            if st.plan.reselects and st.runs:  # its selection may choose cached rows: which are exact already
+                st.cached_exact_mask = self.exact_rows.exact_mask(keys, st.start)
+                st.stats.cached_exact = int(st.cached_exact_mask.sum())
+            else:
+                st.stats.cached_exact = self.exact_rows.count_exact(keys, st.start)
             if st.start > st.boundary:  # tail rows taken from the cache: exact, or filled within the slack
                 tail_rows = range(st.boundary, st.start)
                 st.stats.tail_reused_filled = len(tail_rows) - self.exact_rows.exact_among(keys, tail_rows, st.start)[1]

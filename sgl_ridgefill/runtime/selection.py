@@ -95,11 +95,12 @@ def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots
 
 
 def select_rows(st: RequestState, statistics: dict, probes: dict, *, tokens: Any = None, token_counts=None) -> torch.Tensor:
-    """The request's exact rows: sorted unique positions in ``[start, B)``; the sink rows of the fill
-    (``st.sink_rows``) are always among them, and every row below ``st.exact_context``."""
+    """The request's exact rows: sorted unique positions in ``[start, B)`` (``[0, B)`` for a plan that
+    reselects: a fresh fill's choice, the cached rows included); the sink rows of the fill (``st.sink_rows``)
+    are always among them, and every row below ``st.exact_context``."""
     from ..selectors.base import SelectionInputs
 
-    plan, lo, hi = st.plan, st.start, st.boundary
+    plan, lo, hi = st.plan, (0 if st.plan.reselects else st.start), st.boundary
     if plan.exact_every is not None:
         rows = every_kth_row(plan.exact_every, lo, hi)
     elif plan.exact_rows is not None:

@@ -85,6 +85,10 @@ class RequestState:
     streams: bool = False  # the tail's upper layers run chunk by chunk (prefill.begin decides)
     keys: Any = None
     exact_positions: list[int] = field(default_factory=list)
+    # A reselecting plan (``RequestPlan.reselects``): which cached rows the cache holds exact ([start] bool
+    # numpy, noted at the first chunk), and the cached rows this request made exact in place.
+    cached_exact_mask: Any = None
+    upgraded_positions: list[int] = field(default_factory=list)
 
     def row_keys(self, token_ids) -> Any:
         """The keys of the rows of ``token_ids`` (the prompt, then any output) in this plan's namespace."""

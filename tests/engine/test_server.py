@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import requests
+import torch
 
 from sgl_ridgefill.cpu.environment import cpu_environment
 from tests.engine.conftest import SPLIT, assert_top_close
@@ -103,6 +104,40 @@ def test_a_new_question_on_a_cached_document_prefills_only_its_own_tokens(server
     assert summary["ran"] is True and summary["reused_filled"] == 140 - TAIL
     assert summary["watched_cached"] == 2 and summary["watched_cached_exact"] == 1
     assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL))
+
+
+def _top_of(logits, k: int = 3):
+    top = logits.log_softmax(-1).topk(k)
+    return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+def test_a_later_request_chooses_its_rows_again_and_upgrades_the_cached_ones(server):
+    """A plan that chooses exact rows chooses them again over a reused cache: among the whole prefix, and the
+    cached rows it chooses that the cache held filled run exactly over their own slots (split states from the
+    cached lower layers). Its answer is the oracle's for that history; the next request finds them exact."""
+    model, url = server
+    document = prompt(47, 130)
+    first_ids, second_ids = document + prompt(48, 10), document + prompt(49, 10)
+    first_rows, rows = [10, 40, 70], [40, 60, 100]
+    ref = model.ref
+    fresh, _ = ref._fill_stage(first_ids, split=SPLIT, tail=TAIL, maps=model.maps, run_rows=first_rows, start=0,
+                               cached_kv=None)  # the oracle's staged pass is the plain one on a fresh cache
+    assert torch.allclose(fresh, ref.last_logits(first_ids, split=SPLIT, tail=TAIL, maps=model.maps,
+                                                 exact_rows=first_rows), atol=1e-5)
+    assert _generate(url, first_ids, {"exact_rows": first_rows}).status_code == 200
+    second = _generate(url, second_ids, {"exact_rows": rows, "watch_rows": [5, 60, 100]})
+    summary = second.json()["meta_info"]["ridgefill"]
+    assert _top(second)["cached"] == 130 and summary["cached_exact"] == 3 + 130 - (140 - TAIL)
+    assert summary["ran"] is True and summary["exact"] == 3 and summary["upgraded"] == 2 and summary["filled"] == 0
+    assert summary["watched"] == 3 and summary["watched_exact"] == 2
+    expected = ref.reused_logits(first_ids, first_rows, second_ids, rows, split=SPLIT, tail=TAIL, maps=model.maps)
+    assert_top_close(_top(second), _top_of(expected))
+    kept = ref.reused_logits(first_ids, first_rows, second_ids, [40], split=SPLIT, tail=TAIL, maps=model.maps)
+    assert abs(_top_of(kept)[0][0] - _top_of(expected)[0][0]) > 1e-4  # the upgrade changed what the tail read
+    third = _generate(url, second_ids, {"exact_rows": rows}).json()["meta_info"]["ridgefill"]
+    # the first's rows, the two upgraded, and both tails (but the last row, which a match never covers)
+    assert third["cached"] == 139 and third["cached_exact"] == 3 + 2 + 139 - (140 - TAIL)
+    assert third["upgraded"] == 0
 
 
 def test_a_shorter_prompt_reads_filled_rows_in_its_tail_only_within_the_slack(server):

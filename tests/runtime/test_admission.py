@@ -41,7 +41,7 @@ def plan(admitter, params, **kw):
 
 def test_server_policy_applies_by_default():
     p = plan(_admitter(), None)
-    assert (p.arm, p.split, p.tail, p.cache_mode) == ("ridgefill", 16, 2048, "no_insert")
+    assert (p.arm, p.split, p.tail, p.cache_mode) == ("ridgefill", 16, 2048, "namespace")  # auto: a selection that reselects shares
     assert p.policy is SERVER_POLICY and p.has_selection
 
 
@@ -178,20 +178,33 @@ def test_the_startup_report_is_what_a_plain_request_runs(cfg):
 BARE = _policy('policy "bare" { split 12 }')  # no cache statement: auto
 
 
-def test_auto_shares_the_kv_of_plans_that_choose_no_exact_rows():
+def test_auto_shares_the_kv_of_plans_a_later_request_gets_fresh_rows_from():
     """``auto`` (the default): a plan that fills every prefix row whatever the question shares its KV in its
-    namespace (a later question on the document prefills only its new tokens); a plan that chooses exact rows
-    keeps it out, since a later question would inherit rows chosen for the first."""
+    namespace (a later question on the document prefills only its new tokens), and so does a plan that chooses
+    exact rows and can choose them again over the reused cache; a selection that cannot (a probe, the value
+    rescale) keeps it out, since a later question would inherit rows chosen for the first."""
     bare = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", diagnostics=True), FACTS, policy=BARE,
                     policies={"server": SERVER_POLICY})
     assert BARE.cache_mode == "auto" and plan(bare, None).cache_mode == "namespace"
     assert bare.default_cache_mode() == "namespace (auto)"
-    assert plan(bare, {"exact_every": 8}).cache_mode == "no_insert"
-    assert plan(bare, {"exact_rows": [3, 5]}).cache_mode == "no_insert"
+    for params in ({"exact_every": 8}, {"exact_rows": [3, 5]}, {"arm": "identity"}):
+        p = plan(bare, params)
+        assert p.cache_mode == "namespace" and p.reselects == p.has_selection, params
     assert plan(bare, {"arm": "nofill"}).cache_mode == "no_insert"
-    assert plan(bare, {"arm": "identity"}).cache_mode == "namespace"
-    selecting = _admitter()  # the server policy selects rows
-    assert plan(selecting, None).cache_mode == "no_insert" and selecting.default_cache_mode() == "no_insert (auto)"
+    assert plan(bare, {"exact_every": 8, "value_rescale": 64}).cache_mode == "no_insert"
+    selecting = _admitter()  # the server policy selects rows by attention
+    p = plan(selecting, None)
+    assert p.cache_mode == "namespace" and p.reselects and selecting.default_cache_mode() == "namespace (auto)"
+    probe = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS,
+                     policy=_policy('policy "probe" { split 12 select top(probe(rows=64), 10%) }'))
+    p = plan(probe, None)
+    assert p.cache_mode == "no_insert" and not p.reselects and probe.default_cache_mode() == "no_insert (auto)"
+    rescaled = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=_policy(
+        'policy "rescaled" { split 12 select attention_topk(q=64, share=10%) correct value_rescale(c=64) }'))
+    assert plan(rescaled, None).cache_mode == "no_insert" and rescaled.default_cache_mode() == "no_insert (auto)"
+    explicit = plan(Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", cache_mode="namespace"), FACTS,
+                             policy=_policy('policy "probe" { split 12 select top(probe(rows=64), 10%) }')), None)
+    assert explicit.cache_mode == "namespace" and not explicit.reselects  # it keeps the first question's rows
     no_policy = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS)
     assert plan(no_policy, None).cache_mode == "namespace"
 

@@ -160,6 +160,56 @@ class Reference:
         return m.lm_head(m.model.norm(x[-1:]))[0].float()
 
     @torch.no_grad()
+    def _fill_stage(self, ids, *, split, tail, maps, run_rows, start, cached_kv):
+        """One request's prefill over a cache: the upper-layer K/V of rows ``[0, start)`` is ``cached_kv``
+        (per upper layer ``(k, v)``, ``[>= start, kv, hd]``) except for the cached rows in ``run_rows``, which
+        run again; rows ``[start, B)`` not in ``run_rows`` are filled (residual maps); ``run_rows`` and the
+        tail rows from ``start`` run every upper layer together, causally by position. Returns the next
+        token's logits and every upper layer's K/V of all ``len(ids)`` rows after the prefill."""
+        m, n = self.m, len(ids)
+        boundary = max(n - tail, 0)
+        hs = m(torch.tensor(ids)[None], output_hidden_states=True).hidden_states
+        x_split, pos, kind = hs[split][0], torch.arange(n), map_kind(None)
+        z = features(kind, x_split)[0].to(x_split.dtype)
+        rows = torch.tensor(sorted(set(run_rows) | set(range(max(boundary, start), n))), dtype=torch.long)
+        filled = torch.tensor([j for j in range(start, boundary) if j not in set(run_rows)], dtype=torch.long)
+        x, out_kv, group = x_split[rows].clone(), [], self.n_heads // self.n_kv
+        for layer_id in range(split, len(self.layers)):
+            k_all, v_all = torch.zeros(n, self.n_kv, self.head_dim), torch.zeros(n, self.n_kv, self.head_dim)
+            if start:
+                k_all[:start], v_all[:start] = (t[:start] for t in cached_kv[layer_id - split])
+            if filled.numel():
+                k_all[filled], v_all[filled] = self._filled_kv(layer_id, layer_id - split, filled, x_split, z, pos,
+                                                               "ridgefill", maps, kind)
+            q, k, v = self._qkv(layer_id, x, pos[rows])
+            k_all[rows], v_all[rows] = k, v
+            scores = torch.einsum("qhd,khd->hqk", q, k_all.repeat_interleave(group, dim=1)) * self.head_dim**-0.5
+            scores = scores.masked_fill(~(pos[None, :] <= pos[rows][:, None])[None], float("-inf"))
+            attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v_all.repeat_interleave(group, dim=1))
+            layer = self.layers[layer_id]
+            x = x + layer.self_attn.o_proj(attn.reshape(len(rows), -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            out_kv.append((k_all, v_all))
+        return m.lm_head(m.model.norm(x[-1:]))[0].float(), out_kv
+
+    @torch.no_grad()
+    def reused_logits(self, first_ids, first_rows, ids, rows, *, split, tail, maps) -> torch.Tensor:
+        """The next token's logits of ``ids`` after ``first_ids`` filled the cache with its exact rows
+        ``first_rows`` and ``ids`` reused the shared prefix: of its own exact ``rows``, those among the shared
+        rows the first left filled run again over the cache (an upgrade in place), the rest of its prefix is
+        filled, its tail runs exactly, and the first's rows (its exact rows and its tail) stay as it wrote
+        them."""
+        shared = next((i for i, (a, b) in enumerate(zip(first_ids, ids)) if a != b), min(len(first_ids), len(ids)))
+        _, cached = self._fill_stage(first_ids, split=split, tail=tail, maps=maps, run_rows=first_rows, start=0,
+                                     cached_kv=None)
+        first_exact = set(first_rows) | set(range(max(len(first_ids) - tail, 0), len(first_ids)))
+        upgrade = [r for r in rows if r < shared and r not in first_exact]
+        new = [r for r in rows if r >= shared]
+        logits, _ = self._fill_stage(ids, split=split, tail=tail, maps=maps, run_rows=upgrade + new, start=shared,
+                                     cached_kv=cached)
+        return logits
+
+    @torch.no_grad()
     def attention_received(self, ids: list[int], layers, q_rows: range) -> torch.Tensor:
         """Attention every row receives in the exact model from the queries at ``q_rows``, summed over
         heads, those queries and ``layers`` (lower layers, where every row is exact): ``[N]``."""
