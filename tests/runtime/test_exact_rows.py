@@ -84,3 +84,14 @@ def test_a_match_keeps_the_rows_it_read_in_the_record():
     assert rows.exact_until(keys, 6, 7) == 7  # row 6 read: now the most recent
     rows.record(prefix_keys("ns", [1]), 0, exact_from=0)  # one more exact row pushes the oldest out
     assert rows.exact_until(keys, 6, 7) == 7 and rows.exact_until(keys, 7, 8) == 7
+
+
+def test_rows_made_exact_in_place_read_as_exact_and_the_mask_says_which():
+    keys = prefix_keys("ns", range(40))
+    rows = ExactRows()
+    rows.record(keys, 0, exact_from=30, exact_rows=[4])
+    assert rows.exact_mask(keys, 32).tolist() == [i == 4 or 30 <= i for i in range(32)]
+    rows.mark_exact(keys, [7, 12, 99])  # a later request chose 7 and 12 and ran them over their slots
+    assert np.flatnonzero(rows.exact_mask(keys, 30)).tolist() == [4, 7, 12]
+    assert rows.count_exact(keys, 40) == 3 + 10
+    assert rows.exact_mask(keys, 100).shape == (40,)

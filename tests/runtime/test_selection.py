@@ -32,3 +32,22 @@ def test_watched_rows_count_the_new_prefix_only():
     assert watched_rows((2, 3, 7, 14, 40), exact, 3, 30) == {"watched": 3, "watched_exact": 2}
     assert watched_rows((), exact, 0, 30) == {"watched": 0, "watched_exact": 0}
     assert watched_rows((5,), torch.empty(0, dtype=torch.long), 0, 30) == {"watched": 1, "watched_exact": 0}
+
+
+def test_a_reselecting_plan_chooses_among_the_cached_rows_too():
+    """A namespace plan with a selection chooses over the whole prefix on a cache hit (a fresh fill's rows);
+    the same selection without reuse of its choice (no_insert) chooses among the new rows only."""
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.selection import select_rows
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def chosen(cache_mode: str, **plan) -> list[int]:
+        st = RequestState(RequestPlan(arm="ridgefill", split=2, tail=10, cache_mode=cache_mode, **plan))
+        st.bind(range(50), None)
+        st.start = 25
+        return select_rows(st, {}, {}).tolist()
+
+    assert chosen("namespace", exact_every=7) == [6, 13, 20, 27, 34]
+    assert chosen("no_insert", exact_every=7) == [31, 38]  # every 7th row from the cached start
+    assert chosen("namespace", exact_rows=(3, 30, 45)) == [3, 30]
+    assert chosen("namespace", exact_every=7, value_rescale=8) == [31, 38]  # the rescale does not reselect
