@@ -250,7 +250,8 @@ REQUEST_KEYS: tuple[RequestKey, ...] = (
                 "`sgl-ridgefill eval`: the needle's own rows)"),
     RowsKey(name="watch_rows", diagnostic=True, default_doc="off",
             doc="changes nothing that runs: the response says how many of these prompt positions were in the "
-                "filled prefix (`watched`) and how many of those ran exactly (`watched_exact`), and in namespace "
+                "filled prefix (`watched`) and how many of those ran exactly (`watched_exact`; for a plan that "
+                "chooses its rows again over a reused cache, the whole prefix and the rows exact once it ran), and in namespace "
                 "mode how many came from the cache (`watched_cached`) and how many of those were exact there "
                 "(`watched_cached_exact`); `sgl-ridgefill eval` watches the needle's rows to see whether a selection "
                 "found them"),
