@@ -29,6 +29,8 @@ def _counters():
         "filled": Counter("ridgefill_filled_rows", "Prefix rows whose upper layers were filled", ["arm"]),
         "exact": Counter("ridgefill_exact_rows", "Prefix rows selected to run every layer exactly", ["arm"]),
         "tail": Counter("ridgefill_tail_rows", "Tail rows (always exact)", ["arm"]),
+        "upgraded": Counter("ridgefill_upgraded_rows",
+                            "Cached filled rows a later request chose and ran exactly over their slots", ["arm"]),
         "reused_filled": Counter("ridgefill_reused_filled_rows",
                                  "Filled rows taken from the radix cache (namespace mode)", ["arm"]),
         "saved": Histogram(
@@ -49,7 +51,7 @@ def record_request(st: Any) -> None:
         return
     arm, s = st.plan.arm, st.stats
     counters["requests"].labels(arm).inc()
-    for name in ("filled", "exact", "tail"):
+    for name in ("filled", "exact", "tail", "upgraded"):
         counters[name].labels(arm).inc(s.get(name, 0))
     counters["reused_filled"].labels(arm).inc(getattr(st, "reused_filled", 0))
     if s.saved_fraction is not None:  # not for a request that only ran its new rows over the cache's filled rows

@@ -338,3 +338,23 @@ def test_an_answer_over_reused_filled_rows_is_counted(runtime):
     assert sample("ridgefill_reused_filled_rows_total") == reused + 92
     finish("exact", 95)
     assert sample("ridgefill_requests_total") == requests + 1
+
+
+def test_cached_rows_made_exact_are_counted(runtime):
+    """Prometheus: the cached filled rows a reselecting request chose and ran exactly (``upgraded``)."""
+    prometheus = pytest.importorskip("prometheus_client")
+    import torch
+
+    from sgl_ridgefill.runtime.plan import RequestPlan
+    from sgl_ridgefill.runtime.state import RequestState
+
+    def sample():
+        return prometheus.REGISTRY.get_sample_value("ridgefill_upgraded_rows_total", {"arm": "ridgefill"}) or 0.0
+
+    before = sample()
+    st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8, cache_mode="namespace", exact_every=4))
+    st.bind(torch.arange(100), None)
+    st.start, st.prefill_done = 95, True
+    st.stats.update(cached=95, cached_exact=10, filled=0, exact=22, tail=8, upgraded=12, saved_fraction=-2.4)
+    runtime._finish("upgraded", st)  # noqa: SLF001
+    assert sample() == before + 12
