@@ -25,7 +25,7 @@ from .client import Outcome, Runner
 from .fuzz import run_fuzz
 from .memory import RssSampler
 from .servers import LIVE_GAUGE, healthy, log_excerpts, metric_value, read_metrics
-from .summary import failures, tally
+from .summary import failures, reuse, tally
 from .workload import Shape, build_workload
 
 FILL_SAMPLE = 20  # filled answers replayed on stock for the fill_effect section
@@ -167,6 +167,7 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
             "evictions": metric_value(metrics, "sglang:eviction_duration_seconds_count")}
     summary = {
         **tally(jobs, outcomes),
+        "reuse": reuse(jobs, outcomes),
         "exact": exact,
         "fill_effect": fill_effect,
         "fuzz": fuzz or {},

@@ -5,7 +5,8 @@ must get a 4xx (or a 2xx that SGLang finished as aborted); the others (aborts, a
 end either way. A 5xx is never right, and neither is a client-side connection error (the server went away).
 The run fails when any of these is non-zero: exact mismatches, exact requests that did not run exactly (or
 whose ``meta_info["ridgefill"]`` is malformed), 5xx answers, unexpected outcomes, fuzz failures, server
-crashes, RidgeFill request states still alive at the end.
+crashes, RidgeFill request states still alive at the end, and later questions on cached documents of which not
+one reused the cache (the namespace's reuse is broken, so nothing upgraded could be checked either).
 
 Engine-free.
 """
@@ -20,7 +21,8 @@ from .workload import Job, count_calls
 
 SHOWN = 5
 FAILURE_KEYS = ("mismatches", "exact_not_exact", "5xx", "unexpected_outcomes", "fuzz_failures", "crashes",
-                "leaked_states", "rss_growth")
+                "leaked_states", "rss_growth", "reuse_missing")
+REUSE_JUDGED_FROM = 5  # completed later questions before "none reused the cache" counts as a failure
 
 
 def status_key(out: Outcome) -> str:
@@ -86,11 +88,30 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
+def reuse(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The ``reuse`` section: the later questions on a cached document (every call after a job's first
+    under the namespace policy) that completed, how many reused cached rows, how many of those made cached
+    filled rows exact in place (``upgraded``), and the rows involved."""
+    by_index = {job.index: job for job in jobs}
+    later = [o for o in outcomes if "later_question" in by_index[o.job].tags and o.call > 0 and o.finished
+             and by_index[o.job].calls[o.call].exact is None]
+    metas = [m for m in (o.meta.get("ridgefill") for o in later) if isinstance(m, dict) and m.get("ran")]
+    return {
+        "later_questions": len(later), "ran": len(metas),
+        "reused": sum(1 for m in metas if (m.get("cached") or 0) > 0),
+        "cached_rows": sum(int(m.get("cached") or 0) for m in metas),
+        "cached_exact_rows": sum(int(m.get("cached_exact") or 0) for m in metas),
+        "upgraded": sum(1 for m in metas if (m.get("upgraded") or 0) > 0),
+        "upgraded_rows": sum(int(m.get("upgraded") or 0) for m in metas),
+    }
+
+
 def failures(summary: dict) -> dict[str, int]:
     """The counts that make the run fail (a missing check counts as one failure)."""
     server = summary.get("server", {})
     leaked = server.get("live_requests")
     exact = summary.get("exact", {})
+    later = summary.get("reuse", {})
     return {
         "mismatches": int(exact.get("mismatches", 0)),
         "exact_not_exact": int(exact.get("not_exact", 0)),
@@ -101,6 +122,7 @@ def failures(summary: dict) -> dict[str, int]:
         "crashes": int(server.get("crashes", 0)),
         "leaked_states": 1 if leaked is None else int(leaked),
         "rss_growth": int(summary.get("memory", {}).get("ok") is False),  # judged on runs of 1,000+ requests
+        "reuse_missing": int(later.get("ran", 0) >= REUSE_JUDGED_FROM and not later.get("reused")),
     }
 
 

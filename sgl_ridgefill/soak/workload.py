@@ -2,10 +2,14 @@
 
 A job has a kind (:data:`KINDS`): a RidgeFill arm or control, an exact request (asked for, or exact because
 of its length or its prompt logprobs), a request the server must refuse, a duplicate or reused rid, a
-client abort, or a session of several turns. Prompts are token ids of varied lengths, shorter and longer
+client abort, a session of several turns, a long decode (SGLang reserves less than a running request may still
+decode, so with a small pool it retracts running requests and runs them again), or later questions on a cached document (the namespace policy
+chooses its rows again over the reused cache and upgrades the filled ones it chooses in place; one such
+question is aborted while it runs, and an exact question on the same document must still match stock). Prompts are token ids of varied lengths, shorter and longer
 than the tail and spanning several prefill chunks; a third of them start with a prefix of random length
 of an earlier prompt, so that radix-cache hits land at random offsets. Every call decodes greedily
-(temperature 0, ``ignore_eos``) 1 to 8 tokens, so its output is a function of its prompt.
+(temperature 0, ``ignore_eos``) 1 to 8 tokens (a long decode 32 to 96), so its output is a function of its
+prompt.
 
 Engine-free: builds plain data, sends nothing.
 """
@@ -20,6 +24,7 @@ from typing import Any
 NO_PARAMS = "<no custom_params>"  # Call.ridgefill when the body carries no custom_params at all
 NAMESPACE_POLICY = "soak-namespace"  # the policy (cache namespace) the RidgeFill server serves by name
 MAX_NEW_TOKENS = 8
+LONG_DECODE_TOKENS = (32, 96)  # a long_decode call's output: enough decode growth that a small pool retracts
 
 # kind -> weight of the random draws; every kind also occurs at least once (the first jobs).
 KINDS: dict[str, float] = {
@@ -27,6 +32,7 @@ KINDS: dict[str, float] = {
     "splice": 1.5, "namespace": 7, "exact_disabled": 8, "exact_arm": 5, "plain": 8, "named_plain": 2,
     "prompt_logprobs": 3, "bad_params": 4, "sampling_mask": 2.5, "reserved_key": 2, "too_long": 2,
     "dup_rid": 3, "rid_reuse": 4, "abort_queue": 3, "abort_timeout": 2, "abort_stream": 3, "session": 5,
+    "later_questions": 5, "later_question_abort": 2, "long_decode": 3,
 }
 # Bodies the server must refuse with a 4xx: in the tokenizer (parse) or at admission (scheduler).
 BAD_PARAMS: tuple[Any, ...] = (
@@ -275,6 +281,49 @@ class _Builder:
 
     def _abort_stream(self, index: int) -> Job:
         return self._abort(index, "abort_stream", "stream", 0.0)
+
+    def _long_decode(self, index: int) -> Job:
+        """A prompt that decodes 32 to 96 tokens, exact or under the server's or the namespace policy: decode
+        growth that a small pool cannot hold for every client makes SGLang retract running requests (their KV
+        freed, run again from the queue); an exact one must still match stock."""
+        s = self.shape
+        new = self.rng.randint(*LONG_DECODE_TOKENS)
+        ids, shared = self.prompts.draw(self.rng.randint(1, max(1, min(s.longest, s.context_length - new - 1))))
+        ridgefill = self.rng.choice([{"enabled": False}, {}, NAMESPACE_POLICY])
+        exact = True if ridgefill == {"enabled": False} or len(ids) <= s.tail else None
+        call = Call(ids, new, ridgefill, rid=self.rid(index), exact=exact)
+        return Job(index, "long_decode", (call,), tags=_tags(ids, shared, s))
+
+    # ------------------------------------------------------------------ later questions on a cached document
+    def _document(self) -> tuple[tuple[int, ...], int]:
+        """A document longer than the tail and room for a question after it: ``(ids, question length)``."""
+        s = self.shape
+        question = self.rng.randint(1, max(1, s.tail // 2))
+        return self.prompts.fresh(self.rng.randint(s.tail + 1, max(s.tail + 1, s.longest - question))), question
+
+    def _later_questions(self, index: int) -> Job:
+        """A document asked two or three questions under the namespace policy, one after another: the first
+        fills it and chooses rows for itself; each later one reuses the cached document, chooses its own rows
+        over it and makes exact in place the cached filled rows it chooses. Then an exact question on the same
+        document, which must match stock whatever the namespace's rows hold."""
+        document, question = self._document()
+        calls = [Call(document + self.prompts.fresh(question), self.new_tokens(), NAMESPACE_POLICY,
+                      rid=self.rid(index, t)) for t in range(self.rng.randint(2, 3))]
+        calls.append(Call(document + self.prompts.fresh(question), self.new_tokens(), {"enabled": False},
+                          rid=self.rid(index, len(calls)), exact=True))
+        return Job(index, "later_questions", tuple(calls), tags=frozenset({"later_question"}))
+
+    def _later_question_abort(self, index: int) -> Job:
+        """A document filled by one question; a second question on it aborted while it may be choosing and
+        upgrading its rows; a third that must still complete over whatever the cache then holds."""
+        document, question = self._document()
+
+        def ask(t: int, **how: Any) -> Call:
+            return Call(document + self.prompts.fresh(question), MAX_NEW_TOKENS, NAMESPACE_POLICY,
+                        rid=self.rid(index, t), **how)
+
+        calls = (ask(0), ask(1, expect="any", abort="endpoint", abort_after_s=self.rng.uniform(0.0, 0.3)), ask(2))
+        return Job(index, "later_question_abort", calls, tags=frozenset({"later_question"}))
 
     # ------------------------------------------------------------------ sessions
     def _session(self, index: int) -> Job:

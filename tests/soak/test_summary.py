@@ -6,7 +6,7 @@ import math
 
 from sgl_ridgefill.soak import compare as C
 from sgl_ridgefill.soak.client import Outcome
-from sgl_ridgefill.soak.summary import exit_status, failures, tally, unexpected
+from sgl_ridgefill.soak.summary import REUSE_JUDGED_FROM, exit_status, failures, reuse, tally, unexpected
 from sgl_ridgefill.soak.workload import Call, Job
 
 
@@ -87,15 +87,42 @@ def test_compare_is_bitwise_sequentially_and_within_the_stock_spread_concurrentl
 def test_failures_and_exit_status():
     summary = {"exact": {"mismatches": 0, "not_exact": 0}, "responses": {"5xx": 0, "unexpected": 0},
                "fuzz": {"server_errors": 0, "failures": 0},
-               "server": {"crashes": 0, "live_requests": 0.0, "final_request_ok": True}}
+               "server": {"crashes": 0, "live_requests": 0.0, "final_request_ok": True},
+               "reuse": {"ran": REUSE_JUDGED_FROM, "reused": 1}}
     summary["failures"] = failures(summary)
     assert not any(summary["failures"].values()) and exit_status(summary) == 0
     for path, value, key in ((("server", "live_requests"), 2.0, "leaked_states"),
                              (("server", "live_requests"), None, "leaked_states"),
                              (("fuzz", "server_errors"), 1, "5xx"), (("server", "crashes"), 1, "crashes"),
                              (("exact", "not_exact"), 3, "exact_not_exact"),
-                             (("server", "final_request_ok"), False, "unexpected_outcomes")):
+                             (("server", "final_request_ok"), False, "unexpected_outcomes"),
+                             (("reuse", "reused"), 0, "reuse_missing")):
         broken = {k: dict(v) for k, v in summary.items() if k != "failures"}
         broken[path[0]][path[1]] = value
         broken["failures"] = failures(broken)
         assert broken["failures"][key] >= 1 and exit_status(broken) == 1, (path, value)
+
+
+def _later(job, call, **ridgefill):
+    out = _ok(job, call, ran=True)
+    out.response["meta_info"]["ridgefill"].update(ridgefill)
+    return out
+
+
+def test_reuse_counts_the_later_questions_and_their_upgrades():
+    ask = Call((1, 2, 3), 2, "soak-namespace")
+    later = Job(0, "later_questions", (ask, ask, ask, CALL), tags=frozenset({"later_question"}))
+    other = Job(1, "namespace", (ask, ask))
+    outcomes = [
+        _later(0, 0, cached=0),  # the first question fills the document: not a later one
+        _later(0, 1, cached=40, cached_exact=12, upgraded=3),
+        _later(0, 2, cached=40, cached_exact=15, upgraded=0),
+        _ok(0, 3),  # the exact question: compared with stock, not counted here
+        _later(1, 1, cached=40, upgraded=9),  # not a later-question job
+    ]
+    assert reuse([later, other], outcomes) == {
+        "later_questions": 2, "ran": 2, "reused": 2, "cached_rows": 80, "cached_exact_rows": 27, "upgraded": 1,
+        "upgraded_rows": 3,
+    }
+    aborted = Outcome(0, 1, "later_questions", status=200, response=_response((5,), (-1.0,), ran=True, finish="abort"))
+    assert reuse([later], [aborted])["later_questions"] == 0  # only complete answers count

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sgl_ridgefill.soak.workload import KINDS, MAX_NEW_TOKENS, NAMESPACE_POLICY, NO_PARAMS, Shape, build_workload, count_calls
+from sgl_ridgefill.soak.workload import KINDS, LONG_DECODE_TOKENS, MAX_NEW_TOKENS, NAMESPACE_POLICY, NO_PARAMS, Shape, build_workload, count_calls
 
 SHAPE = Shape(tail=20, chunk=48, context_length=512)
 
@@ -35,7 +35,11 @@ def test_prompts_fit_the_shape_and_decoding_is_greedy():
             body = call.body()
             json.dumps(body)  # JSON-serialisable as sent
             assert all(SHAPE.token_low <= t < SHAPE.token_high for t in call.input_ids)
-            assert 1 <= call.max_new_tokens <= MAX_NEW_TOKENS
+            if job.kind == "long_decode":
+                assert LONG_DECODE_TOKENS[0] <= call.max_new_tokens <= LONG_DECODE_TOKENS[1]
+                assert len(call.input_ids) + call.max_new_tokens < SHAPE.context_length
+            else:
+                assert 1 <= call.max_new_tokens <= MAX_NEW_TOKENS
             if job.kind == "too_long":
                 assert len(call.input_ids) > SHAPE.context_length and call.expect == "refused"
                 continue
@@ -74,7 +78,8 @@ def test_expectations():
     jobs = build_workload(300, 3, SHAPE)
     for job in jobs:
         for call in job.calls:
-            if job.kind in ("exact_disabled", "exact_arm", "named_plain", "prompt_logprobs"):
+            if job.kind in ("exact_disabled", "exact_arm", "named_plain", "prompt_logprobs") or (
+                    job.kind == "long_decode" and call.ridgefill == {"enabled": False}):
                 assert call.exact is True
             if job.kind in ("bad_params", "sampling_mask", "reserved_key", "too_long"):
                 assert call.expect == "refused"
@@ -120,6 +125,7 @@ def test_sessions_chain_their_turns():
 def test_aborts():
     jobs = build_workload(300, 6, SHAPE)
     how = {j.kind: j.calls[0].abort for j in jobs if j.kind.startswith("abort_")}
+    assert "later_question_abort" not in how
     assert how == {"abort_queue": "endpoint", "abort_timeout": "timeout", "abort_stream": "stream"}
     stream = next(j for j in jobs if j.kind == "abort_stream").calls[0].body()
     assert stream["stream"] is True
@@ -130,3 +136,34 @@ def test_a_shape_the_workload_cannot_use_is_refused():
         Shape(tail=20, chunk=48, context_length=200)
     with pytest.raises(ValueError, match="at least one request"):
         build_workload(0, 0, SHAPE)
+
+
+def _document_of(job) -> int:
+    """The length of the prefix every call of ``job`` shares."""
+    return min(_common(job.calls[0].input_ids, c.input_ids) for c in job.calls[1:])
+
+
+def test_later_questions_ask_a_cached_document_again_then_exactly():
+    jobs = [j for j in build_workload(300, 9, SHAPE) if j.kind == "later_questions"]
+    assert jobs
+    for job in jobs:
+        *asked, exact = job.calls
+        assert 2 <= len(asked) <= 3 and not job.together and job.session is None
+        assert all(c.ridgefill == NAMESPACE_POLICY and c.exact is None and c.expect == "ok" for c in asked)
+        assert exact.ridgefill == {"enabled": False} and exact.exact is True
+        # a document longer than the tail, then a question of its own each time
+        assert _document_of(job) > SHAPE.tail
+        assert len({c.input_ids for c in job.calls}) == len(job.calls)
+        assert all(len(c.input_ids) <= SHAPE.longest for c in job.calls)
+        assert "later_question" in job.tags
+
+
+def test_a_later_question_is_aborted_while_it_runs_and_the_next_one_completes():
+    jobs = [j for j in build_workload(300, 10, SHAPE) if j.kind == "later_question_abort"]
+    assert jobs
+    for job in jobs:
+        first, aborted, last = job.calls
+        assert aborted.abort == "endpoint" and aborted.expect == "any" and 0 <= aborted.abort_after_s <= 0.3
+        assert first.abort is None is last.abort and first.expect == "ok" == last.expect
+        assert all(c.ridgefill == NAMESPACE_POLICY for c in job.calls)
+        assert _document_of(job) > SHAPE.tail
