@@ -41,11 +41,15 @@ def add_subparser(subparsers) -> None:
     src.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT,
                      help=f"--context-length of both servers (default {DEFAULT_CONTEXT}; longer prompts must be refused)")
     src.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
-                     help="both servers' KV pool in tokens (default 16384; a small pool, e.g. 1536 with 16 clients, "
-                     "makes SGLang evict cached prefixes and, smaller still, retract running requests)")
+                     help="both servers' KV pool in tokens (default 16384; a small pool, e.g. 2048 with 16 clients, "
+                     "makes SGLang evict cached prefixes; its admission keeps room to decode, so retraction needs "
+                     "--retract-every)")
     src.add_argument("--cache-mode", choices=CACHE_MODES, default="no_insert",
                      help="the RidgeFill server's --ridgefill-cache-mode (default no_insert; the soak's own policy "
                      "and its namespace calls use namespace either way)")
+    src.add_argument("--retract-every", type=int, default=None, metavar="N",
+                     help="the RidgeFill server retracts running decode requests every N-th forward (SGLang's own "
+                     "SGLANG_TEST_RETRACT knob; it always keeps one running), so retraction happens whatever the pool")
     src.add_argument("--url", default=None, help="a running RidgeFill server (started with the flags the soak uses)")
     src.add_argument("--stock-url", default=None, help="a running stock server on the same model (needed with --url)")
     work = p.add_argument_group("workload")
@@ -73,9 +77,11 @@ def _check_args(args) -> None:
     if args.max_total_tokens is not None and args.max_total_tokens < args.context_length:
         raise SystemExit(f"sgl-ridgefill soak: --max-total-tokens {args.max_total_tokens} is below --context-length "
                          f"{args.context_length}: the longest prompt would never fit")
-    if args.url and (args.max_total_tokens is not None or args.cache_mode != "no_insert"):
-        raise SystemExit("sgl-ridgefill soak: --max-total-tokens and --cache-mode configure the servers it starts; "
-                         "with --url, start yours with them")
+    if args.url and (args.max_total_tokens is not None or args.cache_mode != "no_insert" or args.retract_every):
+        raise SystemExit("sgl-ridgefill soak: --max-total-tokens, --cache-mode and --retract-every configure the "
+                         "servers it starts; with --url, start yours with them")
+    if args.retract_every is not None and args.retract_every < 1:
+        raise SystemExit("sgl-ridgefill soak: --retract-every must be at least 1")
     if args.fuzz < 0:
         raise SystemExit("sgl-ridgefill soak: --fuzz must be at least 0")
 
@@ -89,7 +95,7 @@ def environment(served, args) -> dict:
         "model": "tiny random-weight Llama (4 layers, hidden 128, float32)" if served.tiny else str(served.model),
         "model_path": str(served.model), "maps": str(served.maps), "split": served.split, "tail": served.tail,
         "chunked_prefill_size": args.chunk, "context_length": args.context_length,
-        "max_total_tokens": args.max_total_tokens, "cache_mode": args.cache_mode,
+        "max_total_tokens": args.max_total_tokens, "cache_mode": args.cache_mode, "retract_every": args.retract_every,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "server_threads": int(cpu_environment().get("OMP_NUM_THREADS", "0")),
         "client_threads": args.clients, "torch": torch.__version__,
@@ -123,11 +129,13 @@ def _main(args) -> int:
             say(f"starting the RidgeFill and the stock server (logs in {workdir})")
             pool = args.max_total_tokens or POOL_TOKENS
             rf_proc, stock_proc = stack.enter_context(local_servers(served, workdir, args.chunk, args.context_length,
-                                                                    pool=pool, cache_mode=args.cache_mode))
+                                                                    pool=pool, cache_mode=args.cache_mode,
+                                                                    retract_every=args.retract_every))
             rf = Target(rf_proc.url, rf_proc, rf_proc.log_path)
             stock = Target(stock_proc.url, stock_proc, stock_proc.log_path)
         cfg = SoakConfig(requests=args.requests, clients=args.clients, seed=args.seed, fuzz=args.fuzz, shape=shape,
-                         max_minutes=args.max_minutes, maps_dir=served.maps, environment=environment(served, args))
+                         max_minutes=args.max_minutes, maps_dir=served.maps, environment=environment(served, args),
+                         pool_tokens=None if args.url else args.max_total_tokens or POOL_TOKENS)
         setup_s = time.monotonic() - started
         summary = run_soak(cfg, rf, stock)
     # setup: the tiny model and the servers' start; wall: the whole command

@@ -55,6 +55,7 @@ class SoakConfig:
     max_minutes: float = 60.0
     maps_dir: pathlib.Path | None = None  # the served maps (policy texts compile against them)
     environment: dict = field(default_factory=dict)  # model, CPU, threads: copied into the summary
+    pool_tokens: int | None = None  # the servers' KV pool when this run started them (None: not known)
 
 
 def say(message: str) -> None:
@@ -163,7 +164,7 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
     alive = rf.alive
     tracebacks, excerpts = log_excerpts(rf.log_path)
     metrics = (read_metrics(rf.url) or "") if not crashed else ""
-    pool = {"retracted_requests": metric_value(metrics, "sglang:num_retracted_requests_total"),
+    pool = {"tokens": cfg.pool_tokens, "retracted_requests": metric_value(metrics, "sglang:num_retracted_requests_total"),
             "evictions": metric_value(metrics, "sglang:eviction_duration_seconds_count")}
     summary = {
         **tally(jobs, outcomes),

@@ -101,15 +101,20 @@ def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, 
 
 @contextlib.contextmanager
 def local_servers(served: ServedModel, workdir: pathlib.Path, chunk: int, context_length: int,
-                  timeout: float = 900, pool: int = POOL_TOKENS,
-                  cache_mode: str = "no_insert") -> Iterator[tuple[ServerProcess, ServerProcess]]:
+                  timeout: float = 900, pool: int = POOL_TOKENS, cache_mode: str = "no_insert",
+                  retract_every: int | None = None) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both.
-    ``pool``: both servers' KV pool in tokens (small: requests are retracted and cached prefixes evicted);
-    ``cache_mode``: the RidgeFill server's ``--ridgefill-cache-mode``."""
+    ``pool``: both servers' KV pool in tokens (small: cached prefixes are evicted); ``cache_mode``: the RidgeFill
+    server's ``--ridgefill-cache-mode``; ``retract_every``: the RidgeFill server retracts running decode
+    requests every that many forwards (SGLang's ``SGLANG_TEST_RETRACT``, which keeps at least one running, so
+    a request alone is never retracted and the one-at-a-time replays stay comparable bit for bit)."""
     policy = write_soak_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
+    rf_env = dict(env)
+    if retract_every is not None:
+        rf_env.update(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL=str(retract_every))
     rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length, pool, cache_mode),
-                       log_path=workdir / "ridgefill-server.log", env=env)
+                       log_path=workdir / "ridgefill-server.log", env=rf_env)
     stock = ServerProcess(common_flags(served, chunk, context_length, pool), log_path=workdir / "stock-server.log",
                           env=env)
     try:

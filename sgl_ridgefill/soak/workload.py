@@ -8,7 +8,7 @@ chooses its rows again over the reused cache and upgrades the filled ones it cho
 question is aborted while it runs, and an exact question on the same document must still match stock). Prompts are token ids of varied lengths, shorter and longer
 than the tail and spanning several prefill chunks; a third of them start with a prefix of random length
 of an earlier prompt, so that radix-cache hits land at random offsets. Every call decodes greedily
-(temperature 0, ``ignore_eos``) 1 to 8 tokens (a long decode 32 to 96), so its output is a function of its
+(temperature 0, ``ignore_eos``) 1 to 8 tokens (a long decode 64 to 200), so its output is a function of its
 prompt.
 
 Engine-free: builds plain data, sends nothing.
@@ -24,7 +24,7 @@ from typing import Any
 NO_PARAMS = "<no custom_params>"  # Call.ridgefill when the body carries no custom_params at all
 NAMESPACE_POLICY = "soak-namespace"  # the policy (cache namespace) the RidgeFill server serves by name
 MAX_NEW_TOKENS = 8
-LONG_DECODE_TOKENS = (32, 96)  # a long_decode call's output: enough decode growth that a small pool retracts
+LONG_DECODE_TOKENS = (64, 200)  # a long_decode call's output: enough decode growth that a small pool retracts
 
 # kind -> weight of the random draws; every kind also occurs at least once (the first jobs).
 KINDS: dict[str, float] = {
@@ -32,7 +32,7 @@ KINDS: dict[str, float] = {
     "splice": 1.5, "namespace": 7, "exact_disabled": 8, "exact_arm": 5, "plain": 8, "named_plain": 2,
     "prompt_logprobs": 3, "bad_params": 4, "sampling_mask": 2.5, "reserved_key": 2, "too_long": 2,
     "dup_rid": 3, "rid_reuse": 4, "abort_queue": 3, "abort_timeout": 2, "abort_stream": 3, "session": 5,
-    "later_questions": 5, "later_question_abort": 2, "long_decode": 3,
+    "later_questions": 5, "later_question_abort": 2, "long_decode": 3, "decode_crowd": 2,
 }
 # Bodies the server must refuse with a 4xx: in the tokenizer (parse) or at admission (scheduler).
 BAD_PARAMS: tuple[Any, ...] = (
@@ -283,7 +283,7 @@ class _Builder:
         return self._abort(index, "abort_stream", "stream", 0.0)
 
     def _long_decode(self, index: int) -> Job:
-        """A prompt that decodes 32 to 96 tokens, exact or under the server's or the namespace policy: decode
+        """A prompt that decodes 64 to 200 tokens, exact or under the server's or the namespace policy: decode
         growth that a small pool cannot hold for every client makes SGLang retract running requests (their KV
         freed, run again from the queue); an exact one must still match stock."""
         s = self.shape
@@ -293,6 +293,21 @@ class _Builder:
         exact = True if ridgefill == {"enabled": False} or len(ids) <= s.tail else None
         call = Call(ids, new, ridgefill, rid=self.rid(index), exact=exact)
         return Job(index, "long_decode", (call,), tags=_tags(ids, shared, s))
+
+    def _decode_crowd(self, index: int) -> Job:
+        """Three long decodes sent at once, each as long as the context allows: together they outgrow a small
+        pool while they decode (SGLang admits them against a decode reservation that shrinks as it goes
+        unused), so it retracts one and runs it again; exact ones must still match stock."""
+        s = self.shape
+        calls = []
+        for t in range(3):
+            new = self.rng.randint(*LONG_DECODE_TOKENS)
+            top = max(1, min(s.longest, s.context_length - new - 1))
+            ids, _ = self.prompts.draw(self.rng.randint((3 * top + 3) // 4, top))
+            ridgefill = self.rng.choice([{"enabled": False}, {}, NAMESPACE_POLICY])
+            exact = True if ridgefill == {"enabled": False} or len(ids) <= s.tail else None
+            calls.append(Call(ids, new, ridgefill, rid=self.rid(index, t), exact=exact))
+        return Job(index, "decode_crowd", tuple(calls), together=True)
 
     # ------------------------------------------------------------------ later questions on a cached document
     def _document(self) -> tuple[tuple[int, ...], int]:

@@ -6,7 +6,7 @@ import math
 
 from sgl_ridgefill.soak import compare as C
 from sgl_ridgefill.soak.client import Outcome
-from sgl_ridgefill.soak.summary import REUSE_JUDGED_FROM, exit_status, failures, reuse, tally, unexpected
+from sgl_ridgefill.soak.summary import REUSE_JUDGED_FROM, REUSE_POOL_TOKENS, exit_status, failures, reuse, tally, unexpected
 from sgl_ridgefill.soak.workload import Call, Job
 
 
@@ -126,3 +126,13 @@ def test_reuse_counts_the_later_questions_and_their_upgrades():
     }
     aborted = Outcome(0, 1, "later_questions", status=200, response=_response((5,), (-1.0,), ran=True, finish="abort"))
     assert reuse([later], [aborted])["later_questions"] == 0  # only complete answers count
+
+
+def test_reuse_is_judged_only_where_the_pool_can_keep_a_document():
+    summary = {"reuse": {"ran": REUSE_JUDGED_FROM, "reused": 0}}
+    for tokens, judged in ((None, True), (REUSE_POOL_TOKENS, True), (16384, True), (768, False)):
+        summary["pool"] = {"tokens": tokens}
+        assert failures(summary)["reuse_missing"] == int(judged), tokens
+    summary["reuse"] = {"ran": REUSE_JUDGED_FROM - 1, "reused": 0}
+    summary["pool"] = {"tokens": 16384}
+    assert failures(summary)["reuse_missing"] == 0  # too few later questions to judge

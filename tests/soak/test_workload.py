@@ -35,7 +35,7 @@ def test_prompts_fit_the_shape_and_decoding_is_greedy():
             body = call.body()
             json.dumps(body)  # JSON-serialisable as sent
             assert all(SHAPE.token_low <= t < SHAPE.token_high for t in call.input_ids)
-            if job.kind == "long_decode":
+            if job.kind in ("long_decode", "decode_crowd"):
                 assert LONG_DECODE_TOKENS[0] <= call.max_new_tokens <= LONG_DECODE_TOKENS[1]
                 assert len(call.input_ids) + call.max_new_tokens < SHAPE.context_length
             else:
@@ -79,7 +79,7 @@ def test_expectations():
     for job in jobs:
         for call in job.calls:
             if job.kind in ("exact_disabled", "exact_arm", "named_plain", "prompt_logprobs") or (
-                    job.kind == "long_decode" and call.ridgefill == {"enabled": False}):
+                    job.kind in ("long_decode", "decode_crowd") and call.ridgefill == {"enabled": False}):
                 assert call.exact is True
             if job.kind in ("bad_params", "sampling_mask", "reserved_key", "too_long"):
                 assert call.expect == "refused"
@@ -167,3 +167,12 @@ def test_a_later_question_is_aborted_while_it_runs_and_the_next_one_completes():
         assert first.abort is None is last.abort and first.expect == "ok" == last.expect
         assert all(c.ridgefill == NAMESPACE_POLICY for c in job.calls)
         assert _document_of(job) > SHAPE.tail
+
+
+def test_a_decode_crowd_sends_three_long_decodes_at_once():
+    jobs = [j for j in build_workload(300, 11, SHAPE) if j.kind == "decode_crowd"]
+    assert jobs
+    for job in jobs:
+        assert job.together and len(job.calls) == 3 and len({c.rid for c in job.calls}) == 3
+        # together longer than the small pools the soak runs (768 tokens) once they have decoded
+        assert sum(len(c.input_ids) + c.max_new_tokens for c in job.calls) > 768
