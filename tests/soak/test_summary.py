@@ -6,7 +6,7 @@ import math
 
 from sgl_ridgefill.soak import compare as C
 from sgl_ridgefill.soak.client import Outcome
-from sgl_ridgefill.soak.summary import REUSE_JUDGED_FROM, REUSE_POOL_TOKENS, exit_status, failures, reuse, tally, unexpected
+from sgl_ridgefill.soak.summary import FAILURE_KEYS, REUSE_JUDGED_FROM, REUSE_POOL_TOKENS, exit_status, failures, reuse, tally, unexpected
 from sgl_ridgefill.soak.workload import Call, Job
 
 
@@ -90,6 +90,7 @@ def test_failures_and_exit_status():
                "server": {"crashes": 0, "live_requests": 0.0, "final_request_ok": True},
                "reuse": {"ran": REUSE_JUDGED_FROM, "reused": 1}}
     summary["failures"] = failures(summary)
+    assert tuple(summary["failures"]) == FAILURE_KEYS  # the keys the engine soak test expects, in order
     assert not any(summary["failures"].values()) and exit_status(summary) == 0
     for path, value, key in ((("server", "live_requests"), 2.0, "leaked_states"),
                              (("server", "live_requests"), None, "leaked_states"),
