@@ -164,7 +164,8 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
     alive = rf.alive
     tracebacks, excerpts = log_excerpts(rf.log_path)
     metrics = (read_metrics(rf.url) or "") if not crashed else ""
-    pool = {"tokens": cfg.pool_tokens, "retracted_requests": metric_value(metrics, "sglang:num_retracted_requests_total"),
+    pool = {"tokens": cfg.pool_tokens,
+            "retracted_requests": metric_value(metrics, "sglang:num_retracted_requests_total"),
             "evictions": metric_value(metrics, "sglang:eviction_duration_seconds_count")}
     summary = {
         **tally(jobs, outcomes),

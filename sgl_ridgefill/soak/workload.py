@@ -2,12 +2,13 @@
 
 A job has a kind (:data:`KINDS`): a RidgeFill arm or control, an exact request (asked for, or exact because
 of its length or its prompt logprobs), a request the server must refuse, a duplicate or reused rid, a
-client abort, a session of several turns, a long decode (SGLang reserves less than a running request may still
-decode, so with a small pool it retracts running requests and runs them again), or later questions on a cached document (the namespace policy
-chooses its rows again over the reused cache and upgrades the filled ones it chooses in place; one such
-question is aborted while it runs, and an exact question on the same document must still match stock). Prompts are token ids of varied lengths, shorter and longer
-than the tail and spanning several prefill chunks; a third of them start with a prefix of random length
-of an earlier prompt, so that radix-cache hits land at random offsets. Every call decodes greedily
+client abort, a session of several turns, long decodes (alone, or three at once: the decode growth a small pool
+must hold, and what ``--retract-every`` retracts), or later questions on a cached document (the namespace
+policy chooses its rows again over the reused cache and upgrades the filled ones it chooses in place; one such
+question is aborted while it runs, and an exact question on the same document must still match stock).
+Prompts are token ids of varied lengths, shorter and longer than the tail and spanning several prefill chunks;
+a third of them start with a prefix of random length of an earlier prompt, so that radix-cache hits land at
+random offsets. Every call decodes greedily
 (temperature 0, ``ignore_eos``) 1 to 8 tokens (a long decode 64 to 200), so its output is a function of its
 prompt.
 
@@ -24,7 +25,7 @@ from typing import Any
 NO_PARAMS = "<no custom_params>"  # Call.ridgefill when the body carries no custom_params at all
 NAMESPACE_POLICY = "soak-namespace"  # the policy (cache namespace) the RidgeFill server serves by name
 MAX_NEW_TOKENS = 8
-LONG_DECODE_TOKENS = (64, 200)  # a long_decode call's output: enough decode growth that a small pool retracts
+LONG_DECODE_TOKENS = (64, 200)  # a long decode's output: running requests that a small pool must grow room for
 
 # kind -> weight of the random draws; every kind also occurs at least once (the first jobs).
 KINDS: dict[str, float] = {
@@ -283,9 +284,9 @@ class _Builder:
         return self._abort(index, "abort_stream", "stream", 0.0)
 
     def _long_decode(self, index: int) -> Job:
-        """A prompt that decodes 64 to 200 tokens, exact or under the server's or the namespace policy: decode
-        growth that a small pool cannot hold for every client makes SGLang retract running requests (their KV
-        freed, run again from the queue); an exact one must still match stock."""
+        """A prompt that decodes 64 to 200 tokens, exact or under the server's or the namespace policy: a
+        request that stays in the running batch for many steps, where a retraction (``--retract-every``) frees
+        its KV and runs it again from the queue; an exact one must still match stock."""
         s = self.shape
         new = self.rng.randint(*LONG_DECODE_TOKENS)
         ids, shared = self.prompts.draw(self.rng.randint(1, max(1, min(s.longest, s.context_length - new - 1))))
@@ -295,9 +296,9 @@ class _Builder:
         return Job(index, "long_decode", (call,), tags=_tags(ids, shared, s))
 
     def _decode_crowd(self, index: int) -> Job:
-        """Three long decodes sent at once, each as long as the context allows: together they outgrow a small
-        pool while they decode (SGLang admits them against a decode reservation that shrinks as it goes
-        unused), so it retracts one and runs it again; exact ones must still match stock."""
+        """Three long decodes sent at once, each as long as the context allows: together they outgrow a
+        768-token pool once they have decoded, so SGLang must hold them back or make room (measured: its
+        admission holds them back; ``--retract-every`` retracts among them); exact ones must still match stock."""
         s = self.shape
         calls = []
         for t in range(3):
