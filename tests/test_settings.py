@@ -30,6 +30,7 @@ SAMPLES = {
     "map_dtype": ("int8", "int8"),
     "map_residence": ("host", "host"),
     "map_slots": ("4", 4),
+    "split_state_cache_mib": ("0", 0),
     "diagnostics": ("1", True),
     "request_policies": ("a, b", ("a", "b")),
     "max_tail": ("4096", 4096),

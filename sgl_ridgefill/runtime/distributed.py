@@ -85,6 +85,12 @@ class TensorParallel:
             t.copy_(flat[offset : offset + n].view_as(t))
             offset += n
 
+    def all_ranks(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (one all-reduce). Collective: every rank must call it."""
+        count = torch.tensor([float(flag)])
+        self.sum_over_ranks([count])
+        return int(count.item()) == self.size
+
     def agree_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Rank 0's ``rows`` (``[e]`` int64, host) on every rank, and whether every rank had chosen them."""
         chosen = self.group.all_gather_object(rows.tolist())

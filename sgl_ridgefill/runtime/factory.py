@@ -193,12 +193,14 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     logger.info("RidgeFill reads SGLang's resolved settings: chunk=%s kv_cache=%s model=%s page_size=%d prefill_backend=%s",
                 chunk, engine.kv_cache_dtype, engine.model_dtype, engine.page_size, engine.prefill_backend)
     from ..gpu_check.census_log import from_environment
+    from .split_state_store import SplitStateStore
 
     rt = RidgeFillRuntime(
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
         recurrent=recurrent.resources if recurrent is not None else None, census=from_environment(),
+        split_states=SplitStateStore(config.split_state_cache_mib * 2**20) if config.split_state_cache_mib else None,
     )
     resident = maps.resident_bytes if maps is not None else 0
     streamed = "" if maps is None or maps.residence != "host" else (

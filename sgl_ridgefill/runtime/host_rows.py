@@ -104,3 +104,10 @@ class HostRows:
     def read(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """Rows ``[lo, hi)`` on the device."""
         return self.on_device()[lo:hi]
+
+    def host_view(self) -> torch.Tensor:
+        """``[rows, hidden]`` read on the host, once every write has landed: the host waits for the last
+        marker (for the split state store, a later request's forward, long after the copies ran)."""
+        if self._marker is not None:
+            self._marker.synchronize()
+        return self.buffer

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .distributed import TensorParallel
     from .fill import Fill
     from .maps_store import MapsStore
+    from .split_state_store import SplitStateStore
 
 # (layer id, first row, last row + 1, sink): capture the queries of rows [lo, hi) of a pass at a layer.
 QueryCapture = tuple[int, int, int, list]
@@ -52,7 +53,8 @@ class PassContext:
     """What the passes of one forward need.
 
     ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per group of scattered rows;
-    ``tp``: the tensor-parallel group the selection agrees over (``None`` on one device).
+    ``tp``: the tensor-parallel group the selection agrees over (``None`` on one device); ``split_states``: the
+    split states earlier requests kept for the cached rows a later one upgrades (``None``: recompute them).
     """
 
     adapter: ModelAdapter
@@ -65,6 +67,7 @@ class PassContext:
     group_size: int = GROUP_SIZE
     tp: TensorParallel | None = None
     recurrent: Any = None  # hybrid models: recurrent.RecurrentResources
+    split_states: SplitStateStore | None = None  # reselecting plans: earlier requests' prefix split states
 
 
 def plan_batch(backend: Any, fb: ForwardBatch) -> None:

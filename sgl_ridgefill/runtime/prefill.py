@@ -192,6 +192,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         before_layer = value_rescaler(ctx, fill, st, new, x_rows, slots=req_slots)
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     if recurrence is None:
+        _keep_split_states(ctx, st)
         st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
     out, shape = passes.upper_pass(
         ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, slots=req_slots, visible=visible, runs_from=first_tail,
@@ -215,7 +216,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         saved_fraction=round(saved / max(big_n - st.start, 1), 4),
     )
     if plan.reselects and st.start > 0:
-        st.stats.update(upgraded=int(upgrade.numel()))
+        st.stats.update(upgraded=int(upgrade.numel()), upgraded_stored=st.stats.upgraded_stored or 0)
     if plan.watch_rows is not None:
         if plan.reselects:  # the rows exact once this request ran: its choice and what the cache held exact
             held = st.cached_exact_mask if st.cached_exact_mask is not None else np.zeros(0, dtype=bool)
@@ -246,18 +247,49 @@ def _cached_rows_to_upgrade(ctx: PassContext, st: RequestState, cached: torch.Te
     return upgrade
 
 
+def _keep_split_states(ctx: PassContext, st: RequestState) -> None:
+    """Hand the new prefix rows' split states (``st.prefix_x``, rows ``[start, boundary)``) to the split state
+    store, for later requests of a reselecting plan that upgrade these rows once they are cached."""
+    if ctx.split_states is None or st.prefix_x is None or not st.plan.reselects or st.plan.cache_mode != "namespace":
+        return
+    keys = st.row_keys(st.prompt_ids.tolist())
+    ctx.split_states.keep(keys[st.start : st.start + len(st.prefix_x)], st.prefix_x)
+
+
 def split_states_from_cache(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, positions: torch.Tensor,
                             slots: torch.Tensor) -> torch.Tensor:
-    """The split states of cached rows (``positions``, ascending, below ``st.start``): layers ``0..S-1`` again
-    for those rows, from their embeddings over the cached lower-layer KV, which is exact (every prompt row runs
-    the lower layers exactly). Each row rewrites its own lower-layer K/V with what it computes, the same
-    values up to the kernels' rounding. Returns ``[u, hidden]``. ``slots``: ``[N]`` the request's pool slots."""
-    (ids,) = to_device(fb.input_ids.device, st.prompt_ids[positions].to(fb.input_ids.dtype))
+    """The split states of cached rows (``positions``, ascending, below ``st.start``): those an earlier request
+    kept in the split state store, and for the rest layers ``0..S-1`` again, from their embeddings over the
+    cached lower-layer KV, which is exact (every prompt row runs the lower layers exactly); such a row rewrites
+    its own lower-layer K/V with what it computes, the same values up to the kernels' rounding. Returns
+    ``[u, hidden]``. ``slots``: ``[N]`` the request's pool slots. Counts the stored ones in
+    ``st.stats.upgraded_stored``."""
+    device = fb.input_ids.device
+    found = np.zeros(int(positions.numel()), dtype=bool)
+    stored = None
+    if ctx.split_states is not None:
+        keys = st.row_keys(st.prompt_ids.tolist())
+        found, stored = ctx.split_states.gather(keys[positions.numpy()], device)
+        if ctx.tp is not None and not ctx.tp.all_ranks(bool(found.all())):
+            # What runs as collectives must agree: unless every rank holds every row, every rank recomputes all.
+            found, stored = np.zeros_like(found), None
+    st.stats.upgraded_stored = int(found.sum())
+    if found.all():
+        return stored
+    missing = positions[torch.from_numpy(~found)]
+    (ids,) = to_device(device, st.prompt_ids[missing].to(fb.input_ids.dtype))
     x, _ = passes.upper_pass(
-        ctx, fb, i, 0, positions, st.prompt_ids, ctx.adapter.embed(ids), slots=slots, runs_from=st.start,
+        ctx, fb, i, 0, missing, st.prompt_ids, ctx.adapter.embed(ids), slots=slots, runs_from=st.start,
         final_norm=False, stop=st.plan.split,
     )
-    return x
+    if stored is None:
+        return x
+    out = torch.empty((int(positions.numel()), x.shape[1]), dtype=x.dtype, device=device)
+    (where_found, where_missing) = to_device(device, torch.from_numpy(np.flatnonzero(found)),
+                                              torch.from_numpy(np.flatnonzero(~found)))
+    out[where_found] = stored.to(x.dtype)
+    out[where_missing] = x
+    return out
 
 
 def _stream_tail(ctx: PassContext, fb: ForwardBatch, i: int, row0: int, st: RequestState, hidden: torch.Tensor,

@@ -23,6 +23,7 @@ class RequestStats:
     filled: int | None = None
     exact: int | None = None  # prefix rows selected to run every layer (cached ones too, for a reselecting plan)
     upgraded: int | None = None  # of those, cached rows held filled that ran exactly over their slots (reselect)
+    upgraded_stored: int | None = None  # of those, rows whose split state an earlier request kept (no lower layers)
     sinks: int | None = None  # prefix rows the maps were not fitted on (run exactly)
     tail: int | None = None
     saved_fraction: float | None = None  # estimated share of layer-passes skipped

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
     from .distributed import TensorParallel
     from .maps_store import MapsStore
+    from .split_state_store import SplitStateStore
 
 logger = logging.getLogger("sgl_ridgefill")
 
@@ -74,6 +75,7 @@ class RidgeFillRuntime:
         tp: TensorParallel | None = None,
         recurrent=None,
         census=None,
+        split_states: SplitStateStore | None = None,
     ):
         self.config = config
         self.adapter = adapter
@@ -87,6 +89,7 @@ class RidgeFillRuntime:
         self.recurrent = recurrent  # hybrid models: recurrent.RecurrentResources
         self.census = census  # gpu_check.census_log.CensusLog when RIDGEFILL_CENSUS names a file, else None
         self.exact_rows = ExactRows()  # namespace mode: which cached rows are exact (row-exact reuse)
+        self.split_states = split_states  # reselecting plans: split states of earlier requests' prefix rows
         self._warned: dict[str, float] = {}
 
     @property
@@ -188,6 +191,7 @@ class RidgeFillRuntime:
             group_size=self.group_size,
             tp=self.tp,
             recurrent=self.recurrent,
+            split_states=self.split_states,
         )
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)

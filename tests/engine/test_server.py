@@ -129,6 +129,8 @@ def test_a_later_request_chooses_its_rows_again_and_upgrades_the_cached_ones(ser
     summary = second.json()["meta_info"]["ridgefill"]
     assert _top(second)["cached"] == 130 and summary["cached_exact"] == 3 + 130 - (140 - TAIL)
     assert summary["ran"] is True and summary["exact"] == 3 and summary["upgraded"] == 2 and summary["filled"] == 0
+    # the first request chose rows too, so it kept its prefix rows' split states: no upgraded row reran 0..S-1
+    assert summary["upgraded_stored"] == 2
     assert summary["watched"] == 3 and summary["watched_exact"] == 2
     expected = ref.reused_logits(first_ids, first_rows, second_ids, rows, split=SPLIT, tail=TAIL, maps=model.maps)
     assert_top_close(_top(second), _top_of(expected))
@@ -138,6 +140,23 @@ def test_a_later_request_chooses_its_rows_again_and_upgrades_the_cached_ones(ser
     # the first's rows, the two upgraded, and both tails (but the last row, which a match never covers)
     assert third["cached"] == 139 and third["cached_exact"] == 3 + 2 + 139 - (140 - TAIL)
     assert third["upgraded"] == 0
+
+
+def test_an_upgrade_without_kept_split_states_reruns_the_lower_layers(server):
+    """A request that chose no rows keeps no split states; a later request of the same namespace that chooses
+    rows then gets the split states of the cached rows it upgrades from the cached lower layers, with the same
+    answer as the oracle's."""
+    model, url = server
+    document = prompt(57, 130)
+    first_ids, second_ids = document + prompt(58, 10), document + prompt(59, 10)
+    rows = [30, 60, 100]
+    assert _generate(url, first_ids, {}).status_code == 200  # the bare fill: no selection, nothing kept
+    summary = _generate(url, second_ids, {"exact_rows": rows}).json()["meta_info"]["ridgefill"]
+    assert summary["upgraded"] == 3 and summary["upgraded_stored"] == 0
+    second = _generate(url, second_ids, {"exact_rows": rows})  # the same request again: nothing left to upgrade
+    assert second.json()["meta_info"]["ridgefill"]["upgraded"] == 0
+    expected = model.ref.reused_logits(first_ids, [], second_ids, rows, split=SPLIT, tail=TAIL, maps=model.maps)
+    assert_top_close(_top(second), _top_of(expected))
 
 
 def test_a_shorter_prompt_reads_filled_rows_in_its_tail_only_within_the_slack(server):

@@ -50,6 +50,8 @@ def _worker(rank: int, size: int, port: int, queue) -> None:
         # Every rank gets rank 0's rows; agreement is reported.
         same, agree_same = tp.agree_rows(torch.tensor([1, 4, 9]))
         mine, agree_mine = tp.agree_rows(torch.tensor([rank, 7]))
+        # A fact that must hold on every rank: true on both, and true on one only.
+        both, one = tp.all_ranks(True), tp.all_ranks(rank == 0)
         # Rank 0 decides; an error there is raised everywhere.
         verdict = tp.from_first(lambda: f"checked by rank {rank}")
         try:
@@ -57,7 +59,8 @@ def _worker(rank: int, size: int, port: int, queue) -> None:
             error = None
         except ValueError as e:
             error = str(e)
-        queue.put((rank, [s.tolist() for s in stats], same.tolist(), agree_same, mine.tolist(), agree_mine, verdict, error))
+        queue.put((rank, [s.tolist() for s in stats], same.tolist(), agree_same, mine.tolist(), agree_mine, verdict, error,
+                   both, one))
     finally:
         dist.destroy_process_group()
 
@@ -73,7 +76,8 @@ def test_collectives_on_two_ranks():
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    for rank, stats, same, agree_same, mine, agree_mine, verdict, error in results:
+    for rank, stats, same, agree_same, mine, agree_mine, verdict, error, both, one in results:
+        assert both is True and one is False
         assert stats == [[0.0, 3.0, 6.0, 9.0, 12.0], [1.0, 1.0, 1.0]]
         assert same == [1, 4, 9] and agree_same is True
         assert mine == [0, 7] and agree_mine is False  # rank 1 chose [1, 7]: it runs rank 0's rows
