@@ -70,7 +70,10 @@ class SplitStateStore:
             self._buffers.move_to_end(buffer_id)
             index = torch.tensor([row for _, row in group], dtype=torch.long)
             parts.append(rows.host_view().index_select(0, index))
-        return found, torch.cat(parts).to(device)
+        x = torch.cat(parts)
+        if device.type == "cuda":  # from pinned memory the copy is queued, and the host does not wait for it
+            return found, x.pin_memory().to(device, non_blocking=True)
+        return found, x.to(device)
 
     def _drop(self, buffer_id: int) -> None:
         rows, keys = self._buffers.pop(buffer_id)
