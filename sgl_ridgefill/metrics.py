@@ -31,6 +31,9 @@ def _counters():
         "tail": Counter("ridgefill_tail_rows", "Tail rows (always exact)", ["arm"]),
         "upgraded": Counter("ridgefill_upgraded_rows",
                             "Cached filled rows a later request chose and ran exactly over their slots", ["arm"]),
+        "upgraded_stored": Counter("ridgefill_upgraded_stored_rows",
+                                   "Of those, rows whose split state an earlier request kept (no lower layers again)",
+                                   ["arm"]),
         "reused_filled": Counter("ridgefill_reused_filled_rows",
                                  "Filled rows taken from the radix cache (namespace mode)", ["arm"]),
         "saved": Histogram(
@@ -51,7 +54,7 @@ def record_request(st: Any) -> None:
         return
     arm, s = st.plan.arm, st.stats
     counters["requests"].labels(arm).inc()
-    for name in ("filled", "exact", "tail", "upgraded"):
+    for name in ("filled", "exact", "tail", "upgraded", "upgraded_stored"):
         counters[name].labels(arm).inc(s.get(name, 0))
     counters["reused_filled"].labels(arm).inc(getattr(st, "reused_filled", 0))
     if s.saved_fraction is not None:  # not for a request that only ran its new rows over the cache's filled rows

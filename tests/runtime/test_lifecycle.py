@@ -348,13 +348,15 @@ def test_cached_rows_made_exact_are_counted(runtime):
     from sgl_ridgefill.runtime.plan import RequestPlan
     from sgl_ridgefill.runtime.state import RequestState
 
-    def sample():
-        return prometheus.REGISTRY.get_sample_value("ridgefill_upgraded_rows_total", {"arm": "ridgefill"}) or 0.0
+    def sample(name="ridgefill_upgraded_rows_total"):
+        return prometheus.REGISTRY.get_sample_value(name, {"arm": "ridgefill"}) or 0.0
 
-    before = sample()
+    before, stored = sample(), sample("ridgefill_upgraded_stored_rows_total")
     st = RequestState(plan=RequestPlan(arm="ridgefill", split=2, tail=8, cache_mode="namespace", exact_every=4))
     st.bind(torch.arange(100), None)
     st.start, st.prefill_done = 95, True
-    st.stats.update(cached=95, cached_exact=10, filled=0, exact=22, tail=8, upgraded=12, saved_fraction=-2.4)
+    st.stats.update(cached=95, cached_exact=10, filled=0, exact=22, tail=8, upgraded=12, upgraded_stored=9,
+                    saved_fraction=-2.4)
     runtime._finish("upgraded", st)  # noqa: SLF001
     assert sample() == before + 12
+    assert sample("ridgefill_upgraded_stored_rows_total") == stored + 9  # their split states were kept
