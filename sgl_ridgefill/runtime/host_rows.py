@@ -105,9 +105,8 @@ class HostRows:
         """Rows ``[lo, hi)`` on the device."""
         return self.on_device()[lo:hi]
 
-    def host_view(self) -> torch.Tensor:
-        """``[rows, hidden]`` read on the host, once every write has landed: the host waits for the last
-        marker (for the split state store, a later request's forward, long after the copies ran)."""
-        if self._marker is not None:
-            self._marker.synchronize()
-        return self.buffer
+    def hand_over(self) -> tuple[torch.Tensor, Any]:
+        """The host buffer and the marker after its last write, for a keeper that reads it on the host later
+        (the split state store); the copy back on the device is dropped, so no device memory stays held."""
+        self._back = None
+        return self.buffer, self._marker

@@ -36,21 +36,24 @@ class SplitStateStore:
         self.capacity = capacity
         self.bytes = 0
         self._ids = itertools.count()
-        self._buffers: OrderedDict[int, tuple[Any, np.ndarray]] = OrderedDict()  # id -> (HostRows, keys)
+        # id -> (host buffer [rows, hidden], the marker after its last write, keys [rows])
+        self._buffers: OrderedDict[int, tuple[torch.Tensor, Any, np.ndarray]] = OrderedDict()
         self._where: dict[int, tuple[int, int]] = {}  # key -> (buffer id, row)
 
     def __len__(self) -> int:
         return len(self._where)
 
     def keep(self, keys: np.ndarray, rows: Any) -> None:
-        """Keep ``rows`` (a ``HostRows`` of ``len(keys)`` split states) under ``keys`` (``[n]`` int64, row ``i``'s
-        key at ``keys[i]``). Not kept when it alone is larger than the capacity."""
+        """Keep ``rows`` (a ``HostRows`` of ``len(keys)`` split states, handed over: no device copy of it stays)
+        under ``keys`` (``[n]`` int64, row ``i``'s key at ``keys[i]``). Not kept when it alone is larger than
+        the capacity."""
         assert len(keys) == len(rows), (len(keys), len(rows))
-        size = rows.buffer.numel() * rows.buffer.element_size()
+        buffer, marker = rows.hand_over()
+        size = buffer.numel() * buffer.element_size()
         if size > self.capacity:
             return
         buffer_id = next(self._ids)
-        self._buffers[buffer_id] = (rows, np.asarray(keys, dtype=np.int64))
+        self._buffers[buffer_id] = (buffer, marker, np.asarray(keys, dtype=np.int64))
         self.bytes += size
         self._where.update(zip(keys.tolist(), zip(itertools.repeat(buffer_id), range(len(keys)))))
         while self.bytes > self.capacity:
@@ -66,18 +69,20 @@ class SplitStateStore:
             return found, None
         parts = []
         for buffer_id, group in itertools.groupby((p for p in places if p is not None), key=lambda p: p[0]):
-            rows = self._buffers[buffer_id][0]
+            buffer, marker, _ = self._buffers[buffer_id]
             self._buffers.move_to_end(buffer_id)
+            if marker is not None:  # its copies ran in an earlier forward: landed, so the host does not wait
+                marker.synchronize()
             index = torch.tensor([row for _, row in group], dtype=torch.long)
-            parts.append(rows.host_view().index_select(0, index))
+            parts.append(buffer.index_select(0, index))
         x = torch.cat(parts)
         if device.type == "cuda":  # from pinned memory the copy is queued, and the host does not wait for it
             return found, x.pin_memory().to(device, non_blocking=True)
         return found, x.to(device)
 
     def _drop(self, buffer_id: int) -> None:
-        rows, keys = self._buffers.pop(buffer_id)
-        self.bytes -= rows.buffer.numel() * rows.buffer.element_size()
+        buffer, _, keys = self._buffers.pop(buffer_id)
+        self.bytes -= buffer.numel() * buffer.element_size()
         for key in keys.tolist():
             if self._where.get(key, (None,))[0] == buffer_id:
                 del self._where[key]

@@ -99,3 +99,12 @@ def test_keys_and_rows_must_match():
     store = SplitStateStore(capacity=1 << 20)
     with pytest.raises(AssertionError):
         store.keep(keys[:9], _rows(x))
+
+
+def test_keeping_drops_the_copy_back_on_the_device():
+    keys, x = _document(11, 6)
+    rows = _rows(x)
+    rows.read()  # sweep 2 gathered from it: the buffer has a copy back
+    assert rows._back is not None  # noqa: SLF001
+    SplitStateStore(capacity=1 << 20).keep(keys, rows)
+    assert rows._back is None  # noqa: SLF001 - on a GPU that copy is the prefix's size in device memory
