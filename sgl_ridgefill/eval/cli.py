@@ -85,12 +85,19 @@ def add_subparser(subparsers) -> None:
     p.set_defaults(func=_main)
 
 
-def _serving_settings(model_dir: pathlib.Path, max_len: int, dtype: str) -> dict[str, object]:
+def _serving_settings(model_dir: pathlib.Path, max_len: int, dtype: str, *, cpu: bool = True) -> dict[str, object]:
     """SGLang settings shared by the local servers (as flags) and the offline engines (as keywords): every
-    prompt prefilled in one chunk (tail prompt logprobs under RidgeFill need it)."""
-    # float32 weights take twice the memory SGLang's CPU profile must find free after loading (demo.py).
-    return {"model_path": str(model_dir), "dtype": dtype, "chunked_prefill_size": max_len,
-            "max_total_tokens": max_len + 2048, "mem_fraction_static": 0.4 if dtype == "float32" else 0.2}
+    prompt prefilled in one chunk (tail prompt logprobs under RidgeFill need it). On the CPU the memory
+    fraction is the CPU launcher's, large enough for the weights of the second server started beside the
+    first (``--max-total-tokens`` caps the pool whatever the fraction); an engine on a GPU lets SGLang size
+    its memory from the model."""
+    settings: dict[str, object] = {"model_path": str(model_dir), "dtype": dtype, "chunked_prefill_size": max_len,
+                                   "max_total_tokens": max_len + 2048}
+    if cpu:
+        from ..cpu.launch_server_process import MEM_FRACTION_STATIC
+
+        settings["mem_fraction_static"] = MEM_FRACTION_STATIC
+    return settings
 
 
 def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str, object]:
@@ -154,7 +161,7 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
     from .engine_client import engine_kwargs, running_engine
     from .runner import fingerprints
 
-    kwargs = engine_kwargs(_serving_settings(model_dir, max_len, args.resolved_dtype), cpu=cpu)
+    kwargs = engine_kwargs(_serving_settings(model_dir, max_len, args.resolved_dtype, cpu=cpu), cpu=cpu)
     stock = None
     if check_prompts is not None:
         print("starting the stock engine ...", flush=True)

@@ -38,3 +38,19 @@ def test_the_flag_defaults_to_auto():
     cli.add_subparser(parser.add_subparsers())
     args = parser.parse_args(["eval", "--model", "m", "--maps", "d", "--out", "o"])
     assert args.dtype == "auto"
+
+
+def test_local_cpu_servers_leave_room_for_a_larger_models_weights():
+    # Qwen2.5-Coder-1.5B's bfloat16 weights take 28 % of the memory free before SGLang loads them when the
+    # RidgeFill server already runs beside it; the pool is capped by --max-total-tokens whatever the fraction.
+    from sgl_ridgefill.cpu.launch_server_process import MEM_FRACTION_STATIC
+
+    for dtype in ("bfloat16", "float32"):
+        settings = cli._serving_settings(pathlib.Path("/m"), 4096, dtype)
+        assert settings["mem_fraction_static"] == MEM_FRACTION_STATIC > 0.3
+        assert settings["max_total_tokens"] == 4096 + 2048
+
+
+def test_a_gpu_engine_lets_sglang_size_its_memory():
+    # An 8B model's weights alone are 16 GB: a fixed small fraction of an 80 GB GPU cannot hold them.
+    assert "mem_fraction_static" not in cli._serving_settings(pathlib.Path("/m"), 4096, "bfloat16", cpu=False)
