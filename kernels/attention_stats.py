@@ -10,8 +10,10 @@ reads kv head ``h // (n_q_heads // n_kv_heads)``) and a causal mask by position 
 
 The full ``[n_q, heads, n_k]`` matrix is never built: keys are processed in blocks, in two passes (the
 log-sum-exp of every (query, head), then the probabilities summed per key), so memory is
-``O(n_q · heads · block)``. Every row of a query's softmax sums to 1, so ``received.sum()`` equals the
-number of (query, head) pairs that see at least one key.
+``O(n_q · heads · block)``. The PyTorch reference, which runs on the CPU, takes one pass over blocks of
+queries instead when a query's whole row of scores fits that bound, computing each score once. Every row of
+a query's softmax sums to 1, so ``received.sum()`` equals the number of (query, head) pairs that see at
+least one key.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def attention_received_reference(
     """``q: [n_q, n_q_heads, head_dim]``, ``k: [n_k, n_kv_heads, head_dim]``, ``q_positions: [n_q]``,
     ``k_positions: [n_k]`` -> ``[n_k]`` float32: attention each key receives, summed over queries and heads.
 
-    Computed in float32, ``block`` keys at a time (peak memory ``n_q * n_q_heads * block`` floats).
+    Computed in float32 with peak memory ``n_q * n_q_heads * block`` floats: in one pass over blocks of
+    queries when every key of one query fits that bound (each score computed once, its softmax over the
+    query's whole row), else in two passes over blocks of ``block`` keys.
     """
     where = "attention_received_reference"
     _check(where, q, k, q_positions, k_positions, scale)
@@ -84,6 +88,10 @@ def attention_received_reference(
     # On the host, a block of keys every query sees (the prefix, for the tail's queries) needs no mask: reading
     # the positions there costs nothing, while masking costs a pass over the block's scores.
     first_query = int(q_pos.min()) if q_pos.device.type == "cpu" and k_positions.device.type == "cpu" and n_q else None
+    rows_per_block = (n_q * n_heads * block) // max(n_heads * n_k, 1)
+    if n_k and rows_per_block >= 1:
+        return _received_by_query_blocks(qf.view(n_kv, n_q, group, head_dim), k, q_pos, k_positions.long(),
+                                          rows_per_block, on_host=first_query is not None)
 
     def masked_scores(start: int) -> torch.Tensor:
         """``[n_kv, n_q, group, blk]`` scores against keys ``start:start+block``; -inf where not visible."""
@@ -113,6 +121,35 @@ def attention_received_reference(
     for start in range(0, n_k, block):
         p = masked_scores(start).sub_(lse[..., None]).exp_()
         received[start : start + block] = p.sum(dim=(0, 1, 2))
+    return received
+
+
+def _received_by_query_blocks(qf: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                              rows: int, *, on_host: bool) -> torch.Tensor:
+    """The reference's one pass: ``qf`` ``[n_kv, n_q, group, d]`` (scaled float32), ``rows`` queries at a time
+    against every key (``[n_kv, rows, group, n_k]`` scores). On the host only the key columns some query of the
+    block cannot see are masked (for the tail's queries, the tail's own keys)."""
+    n_kv, n_q, group, head_dim = qf.shape
+    n_k = k.shape[0]
+    kf = k.float().permute(1, 2, 0)  # [n_kv, head_dim, n_k]
+    received = torch.zeros(n_k, dtype=torch.float32, device=qf.device)
+    for start in range(0, n_q, rows):
+        block = qf[:, start : start + rows]
+        nb = block.shape[1]
+        s = torch.matmul(block.reshape(n_kv, nb * group, head_dim), kf).view(n_kv, nb, group, n_k)
+        hidden = k_pos[None, :] > q_pos[start : start + nb, None]  # [nb, n_k]
+        first = 0
+        if on_host:
+            cols = torch.nonzero(hidden.any(dim=0)).flatten()
+            first = int(cols[0]) if cols.numel() else n_k
+        if first < n_k:
+            s[..., first:].masked_fill_(hidden[None, :, None, first:], float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        # A (query, head) that sees no key: shift by 0, so its exp() is 0 everywhere and it adds nothing.
+        s.sub_(torch.where(torch.isfinite(m), m, torch.zeros_like(m))).exp_()
+        denom = s.sum(dim=-1).view(n_kv, 1, nb * group)
+        weight = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
+        received += torch.matmul(weight, s.view(n_kv, nb * group, n_k)).sum(dim=(0, 1))
     return received
 
 

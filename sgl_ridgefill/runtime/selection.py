@@ -58,8 +58,8 @@ def attention_received(
     """Attention every key row receives from the queries, summed over query rows and heads.
 
     ``q``: ``[n_q, q_heads, d]``, ``k``: ``[n_k, kv_heads, d]`` at positions ``k_pos`` (default ``0..n_k-1``),
-    ``q_pos``: ``[n_q]``; each query's softmax runs over the keys at or before its position. Two passes over
-    key blocks (``kernels/attention_stats.py``): memory ``O(n_q · heads · block)``. Returns ``[n_k]`` float32.
+    ``q_pos``: ``[n_q]``; each query's softmax runs over the keys at or before its position, in blocks
+    (``kernels/attention_stats.py``): memory ``O(n_q · heads · block)``. Returns ``[n_k]`` float32.
     """
     from ..kernels.attention_stats import attention_received as kernel
 

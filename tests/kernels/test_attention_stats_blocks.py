@@ -22,3 +22,50 @@ def test_visible_and_partly_hidden_blocks_match_the_direct_softmax():
     for q_pos in (torch.arange(50, 70), torch.tensor([*range(10, 20), *range(60, 70)])):
         got = attention_received_reference(q, k, q_pos, torch.arange(70), 0.3, block=16)
         assert torch.allclose(got, _direct(q, k, q_pos, torch.arange(70), 0.3), atol=1e-5)
+
+
+def _recording_matmul(monkeypatch):
+    sizes, matmul = [], torch.matmul
+
+    def recording(*args, **kwargs):
+        out = matmul(*args, **kwargs)
+        sizes.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "matmul", recording)
+    return sizes
+
+
+def test_one_pass_over_query_blocks_matches_the_direct_softmax_within_the_memory_bound(monkeypatch):
+    # block * n_q * heads >= n_k * heads: whole rows of a few queries fit, so each score is computed once.
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(12, 6, 8, generator=g) * 2, torch.randn(90, 3, 8, generator=g)
+    k_pos = torch.arange(90)
+    sizes = _recording_matmul(monkeypatch)
+    for q_pos in (torch.arange(78, 90), torch.tensor([*range(3, 9), *range(84, 90)]), torch.arange(0, 12)):
+        sizes.clear()
+        got = attention_received_reference(q, k, q_pos, k_pos, 0.3, block=16)
+        assert torch.allclose(got, _direct(q, k, q_pos, k_pos, 0.3), atol=1e-5)
+        assert max(sizes) <= 12 * 6 * 16
+        # one score matmul per block of 12 * 16 // 90 = 2 queries: [3 kv heads, 2 queries x 2 heads, 90 keys]
+        assert sizes.count(3 * 2 * 2 * 90) == 6
+
+
+def test_one_pass_gives_nothing_for_a_query_that_sees_no_key():
+    q, k = torch.randn(3, 2, 4), torch.randn(5, 1, 4)
+    k_pos = torch.tensor([4, 5, 6, 7, 8])
+    q_pos = torch.tensor([2, 6, 8])  # the first query sees no key
+    got = attention_received_reference(q, k, q_pos, k_pos, 1.0, block=64)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got.sum(), torch.tensor(4.0))  # two queries x two heads, each softmax sums to 1
+    assert torch.allclose(got, _direct(q[1:], k, q_pos[1:], k_pos, 1.0), atol=1e-6)
+
+
+def test_both_passes_agree_at_the_selection_shape():
+    # The server's shape in small: the tail's queries against the whole prompt, GQA 7:1.
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(64, 14, 16, generator=g), torch.randn(700, 2, 16, generator=g)
+    q_pos, k_pos = torch.arange(636, 700), torch.arange(700)
+    one = attention_received_reference(q, k, q_pos, k_pos, 0.25, block=256)  # 64*256 >= 700: one pass
+    two = attention_received_reference(q, k, q_pos, k_pos, 0.25, block=8)  # 64*8 < 700: two passes
+    assert torch.allclose(one, two, rtol=1e-5, atol=1e-6)
