@@ -228,8 +228,9 @@ SETTINGS: tuple[Setting, ...] = (
     IntSetting(name="split_state_cache_mib", minimum=0, default=1024, metavar="MIB",
                help="host memory (MiB) that keeps the split states of filled prefix rows for later questions on the "
                     "same document under a plan that chooses its rows again, so the cached rows such a question "
-                    "makes exact skip layers 0..S-1 (default 1024; one document takes prompt x hidden x 2 bytes "
-                    "in bfloat16; 0: off, every upgraded row runs its lower layers again)"),
+                    "makes exact skip layers 0..S-1 (default 1024; a document takes its new prefix rows x hidden x "
+                    "the model dtype's bytes, 2 in bfloat16, on every tensor-parallel rank, pinned on a GPU; 0: off, "
+                    "every upgraded row runs its lower layers again)"),
     SwitchSetting(
         name="diagnostics",
         help=f"lets clients use the diagnostic request keys and values ({diagnostic_summary()}) and select any "

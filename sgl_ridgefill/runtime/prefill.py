@@ -9,7 +9,9 @@ whatever the chunk size, because the upper layers of the tail only ever run afte
 The host waits for the device at most once per request, whatever the number of layers, steps, runs and
 chunks: to read the selection's inputs (attention statistics, probe, the sink flags of the maps' sink rule)
 in one copy, when there are any. The split states of the exact rows come back from host memory ordered on
-the device, not by a host wait (``host_rows.py``). (On hybrid models the terminal-state correction and the
+the device, not by a host wait (``host_rows.py``). (A later request that upgrades cached rows reads the split
+states an earlier one kept on the host, and under tensor parallelism agrees with the other ranks on whether
+every rank holds them. On hybrid models the terminal-state correction and the
 Gated DeltaNet state slots still read device values per layer: ``recurrent.py``.)
 """
 

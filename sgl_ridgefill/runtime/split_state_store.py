@@ -13,14 +13,14 @@ only by the kernels' rounding (the first was computed in the filling request's c
 
 The store holds whole buffers, one per filling request, up to ``capacity`` bytes; the least recently used
 buffer leaves first. A key names the same tokens whichever request wrote it, so a newer buffer simply takes the
-key over. Host memory only, outside SGLang's accounting; ``--ridgefill-split-state-cache-mib`` bounds it
+key over; a buffer left with no key of its own leaves at once. Host memory only, outside SGLang's accounting; ``--ridgefill-split-state-cache-mib`` bounds it
 (0 turns the store off).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ class SplitStateStore:
         # id -> (host buffer [rows, hidden], the marker after its last write, keys [rows])
         self._buffers: OrderedDict[int, tuple[torch.Tensor, Any, np.ndarray]] = OrderedDict()
         self._where: dict[int, tuple[int, int]] = {}  # key -> (buffer id, row)
+        self._live: dict[int, int] = {}  # buffer id -> how many keys still name one of its rows
 
     def __len__(self) -> int:
         return len(self._where)
@@ -53,9 +54,16 @@ class SplitStateStore:
         if size > self.capacity:
             return
         buffer_id = next(self._ids)
+        key_list = keys.tolist()
+        taken = Counter(place[0] for place in map(self._where.get, key_list) if place is not None)
         self._buffers[buffer_id] = (buffer, marker, np.asarray(keys, dtype=np.int64))
         self.bytes += size
-        self._where.update(zip(keys.tolist(), zip(itertools.repeat(buffer_id), range(len(keys)))))
+        self._where.update(zip(key_list, zip(itertools.repeat(buffer_id), range(len(keys)))))
+        self._live[buffer_id] = len(set(key_list))
+        for old_id, count in taken.items():
+            self._live[old_id] -= count
+            if not self._live[old_id]:
+                self._drop(old_id)
         while self.bytes > self.capacity:
             self._drop(next(iter(self._buffers)))
 
@@ -82,6 +90,7 @@ class SplitStateStore:
 
     def _drop(self, buffer_id: int) -> None:
         buffer, _, keys = self._buffers.pop(buffer_id)
+        del self._live[buffer_id]
         self.bytes -= buffer.numel() * buffer.element_size()
         for key in keys.tolist():
             if self._where.get(key, (None,))[0] == buffer_id:

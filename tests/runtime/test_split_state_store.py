@@ -108,3 +108,31 @@ def test_keeping_drops_the_copy_back_on_the_device():
     assert rows._back is not None  # noqa: SLF001
     SplitStateStore(capacity=1 << 20).keep(keys, rows)
     assert rows._back is None  # noqa: SLF001 - on a GPU that copy is the prefix's size in device memory
+
+
+def test_a_buffer_whose_every_key_a_newer_one_took_leaves_at_once():
+    # Two requests fill the same uncached document at once (or it is filled again after the radix cache dropped
+    # it): the newer buffer names every row, so the older one holds nothing reachable and must not keep its bytes
+    # or push a live buffer out first.
+    keys, x = _document(7, 10)
+    other_keys, other_x = _document(8, 10)
+    size = 10 * HIDDEN * 4
+    store = SplitStateStore(capacity=2 * size)
+    store.keep(other_keys, _rows(other_x))  # the oldest live buffer
+    store.keep(keys, _rows(x))
+    store.keep(keys, _rows(x + 1))  # takes every key of the previous buffer
+    assert store.bytes == 2 * size and len(store) == 20
+    found, got = store.gather(other_keys, CPU)
+    assert found.all() and torch.equal(got, other_x)
+    found, got = store.gather(keys[[0, 9]], CPU)
+    assert found.all() and torch.equal(got, x[[0, 9]] + 1)
+
+
+def test_a_buffer_that_keeps_some_of_its_keys_stays():
+    keys, x = _document(9, 10)
+    store = SplitStateStore(capacity=1 << 20)
+    store.keep(keys, _rows(x))
+    store.keep(keys[4:], _rows(x[4:] + 1))  # a later request held only rows 4..9 new
+    assert store.bytes == 16 * HIDDEN * 4
+    found, got = store.gather(keys[[0, 5]], CPU)
+    assert found.all() and torch.equal(got, torch.stack([x[0], x[5] + 1]))
