@@ -8,10 +8,11 @@ reads kv head ``h // (n_q_heads // n_kv_heads)``) and a causal mask by position 
 
     received[j] = sum over i, h of softmax_j(scale * q[i, h] · k[j, kv(h)])   (over the keys i sees)
 
-The full ``[n_q, heads, n_k]`` matrix is never built: keys are processed in blocks, in two passes (the
-log-sum-exp of every (query, head), then the probabilities summed per key), so memory is
-``O(n_q · heads · block)``. The PyTorch reference, which runs on the CPU, takes one pass over blocks of
-queries instead when a query's whole row of scores fits that bound, computing each score once. Every row of
+The full ``[n_q, heads, n_k]`` matrix is built only when it fits the memory bound: keys are processed in
+blocks, in two passes (the log-sum-exp of every (query, head), then the probabilities summed per key), so
+memory is ``O(n_q · heads · block)``. The PyTorch reference, which runs on the CPU, takes one pass over blocks
+of queries instead when a query's whole row of scores fits that bound, computing each score once (and holding
+the keys in float32 besides). Every row of
 a query's softmax sums to 1, so ``received.sum()`` equals the number of (query, head) pairs that see at
 least one key.
 """
@@ -70,9 +71,10 @@ def attention_received_reference(
     """``q: [n_q, n_q_heads, head_dim]``, ``k: [n_k, n_kv_heads, head_dim]``, ``q_positions: [n_q]``,
     ``k_positions: [n_k]`` -> ``[n_k]`` float32: attention each key receives, summed over queries and heads.
 
-    Computed in float32 with peak memory ``n_q * n_q_heads * block`` floats: in one pass over blocks of
-    queries when every key of one query fits that bound (each score computed once, its softmax over the
-    query's whole row), else in two passes over blocks of ``block`` keys.
+    Computed in float32 with scores of at most ``n_q * n_q_heads * block`` floats at a time: in one pass over
+    blocks of queries when every key of one query fits that bound (each score computed once, its softmax over
+    the query's whole row; the keys are held in float32 besides), else in two passes over blocks of ``block``
+    keys.
     """
     where = "attention_received_reference"
     _check(where, q, k, q_positions, k_positions, scale)
@@ -80,6 +82,8 @@ def attention_received_reference(
         raise ValueError(f"{where}: block must be a positive integer, got {block!r}")
     n_q, n_heads, head_dim = q.shape
     n_k, n_kv = k.shape[:2]
+    if n_q == 0:
+        return torch.zeros(n_k, dtype=torch.float32, device=q.device)
     group = n_heads // n_kv
     # [n_kv, n_q * group, head_dim]: query head h = kv * group + j reads kv head h // group, so each kv
     # head is one batched GEMM against its keys.

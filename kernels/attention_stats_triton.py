@@ -3,7 +3,7 @@
 This module imports ``triton`` at the top: load it only through the launcher in
 :mod:`sgl_ridgefill.kernels.attention_stats`, which checks shapes, strides and dtypes.
 
-Two passes, as in the reference, so no ``[n_q, heads, n_k]`` matrix ever exists:
+Two passes, as in the reference's key-blocked path, so no ``[n_q, heads, n_k]`` matrix ever exists:
 
 1. ``_lse_kernel``: one program per (query tile, query head) streams every key tile and keeps an online
    log-sum-exp, written as ``lse: [n_q, n_q_heads]`` (base 2, in units of ``scale * log2(e) * q·k``).

@@ -141,17 +141,18 @@ def load_bench_policy(name: str | None, dims: ModelDims):
         raise ValueError(f"--ridgefill-policy {name}: {e}") from None
 
 
-def selector_flops(policy, dims: ModelDims, length: int, split: int, tail: int) -> float:
+def selector_flops(policy, dims: ModelDims, length: int, split: int, tail: int, *, passes: int = 2) -> float:
     """What the policy's selection costs at ``length`` tokens: each attention requirement's scores of its query
-    rows against every key in its layers, twice (the statistics kernel's two passes); each probe's rows
-    through the upper layers (projections, MLP and attention over the prompt)."""
+    rows against every key in its layers, ``passes`` times (the CUDA kernel's two passes; the CPU reference
+    computes each score once); each probe's rows through the upper layers (projections, MLP and attention over
+    the prompt)."""
     from ..selectors.base import AttentionRequirement, ProbeRequirement
     from ..tools.flops import attention_selector_flops
 
     total = 0.0
     for req in getattr(policy, "requirements", ()):
         if isinstance(req, AttentionRequirement):
-            total += 2 * attention_selector_flops(dims, length, len([l for l in req.layers if l < split]), req.q)
+            total += passes * attention_selector_flops(dims, length, len([l for l in req.layers if l < split]), req.q)
         elif isinstance(req, ProbeRequirement):
             rows = min(req.rows, tail, length)
             upper = dims.num_layers - split
@@ -215,6 +216,8 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
         info = client.model_info()
         dims, dims_source = resolve_dims(args.model_path, info)
         policy = load_bench_policy(args.ridgefill_policy, dims)
+        server_info = _server_info(client)
+        passes = 1 if server_info.get("device") == "cpu" else 2  # the selection statistics' passes there
         split = args.split or getattr(policy, "split", None) or resolve_split(None, args.ridgefill_maps)
         tail = args.tail or getattr(policy, "tail", None) or DEFAULT_TAIL
         rf_params, bare = dict(args.rf_params), None
@@ -228,12 +231,13 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
             exact_fraction=args.exact_fraction, rf_params=rf_params, seed=args.seed,
             warmup=args.warmup, flush=args.flush, stream=args.stream, map_kind=resolve_map_kind(args.ridgefill_maps),
             bare_params=bare, policy=args.ridgefill_policy,
-            selector_flops={n: selector_flops(policy, dims, n, split, tail) for n in args.lengths} if policy else {},
+            selector_flops={n: selector_flops(policy, dims, n, split, tail, passes=passes) for n in args.lengths}
+            if policy else {},
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent
         if served is None:
-            served = served_dtype(_server_info(client), _read_json(pathlib.Path(dims_source), "model config"))
+            served = served_dtype(server_info, _read_json(pathlib.Path(dims_source), "model config"))
         server_env = process_environment(server_pid) if server_pid is not None else None
         machine = machine_record(dtype=served, server_env=server_env, server_local=server_pid is not None)
         out = pathlib.Path(args.out.format(capability=folder_name(machine).split("-")[0], dtype=machine["dtype"] or "unknown"))

@@ -16,8 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, model_path: str, *, exact_s: float, ridgefill_s: float, abort: bool = False, stream_tail_s: float = 0.0,
-                 output_ids: list[int] | None = None, bare_s: float | None = None, exact_rows: int = 0):
+                 output_ids: list[int] | None = None, bare_s: float | None = None, exact_rows: int = 0,
+                 server_info: dict | None = None):
         self.model_path = model_path
+        self.server_info = server_info  # what GET /get_server_info answers (None: 404, as an older server)
         self.output_ids = output_ids or [7]
         self.stream_tail_s = stream_tail_s
         self.exact_s, self.ridgefill_s = exact_s, ridgefill_s
@@ -66,6 +68,8 @@ class FakeServer:
             def do_GET(self):
                 if self.path == "/get_model_info":
                     self._send(200, {"model_path": fake.model_path, "is_generation": True})
+                elif self.path == "/get_server_info" and fake.server_info is not None:
+                    self._send(200, fake.server_info)
                 else:
                     self._send(404, {"detail": "Not Found"})
 

@@ -239,3 +239,18 @@ def test_a_flush_refused_while_the_last_request_winds_down_is_retried(model_dir)
         fake.busy_flushes = 10**6  # a server that never settles: a clear error after the retry budget
         with pytest.raises(ServerError, match="flush_cache: HTTP 400"):
             BenchClient(fake.url).flush_cache(retry_s=0.3)
+
+
+def test_a_cpu_servers_selection_counts_its_scores_once(model_dir, tmp_path):
+    """The CPU reference computes each selection score once, the CUDA kernel twice: the FLOP bound counts the
+    passes of the server's device."""
+    flops = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        with FakeServer(str(model_dir), exact_s=0.01, ridgefill_s=0.01, exact_rows=10,
+                        server_info={"device": device}) as fake:
+            args = _parse(["--url", fake.url, "--lengths", "8192", "--pairs", "1", "--warmup", "0",
+                           "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
+            assert args.func(args) == 0
+        flops[device] = json.loads((out / "bench.json").read_text())["config"]["selector_flops"]["8192"]
+    assert flops["cpu"] == pytest.approx(flops["cuda"] / 2)

@@ -69,3 +69,9 @@ def test_both_passes_agree_at_the_selection_shape():
     one = attention_received_reference(q, k, q_pos, k_pos, 0.25, block=256)  # 64*256 >= 700: one pass
     two = attention_received_reference(q, k, q_pos, k_pos, 0.25, block=8)  # 64*8 < 700: two passes
     assert torch.allclose(one, two, rtol=1e-5, atol=1e-6)
+
+
+def test_no_query_gives_zero_for_every_key():
+    k = torch.randn(9, 2, 4)
+    got = attention_received_reference(torch.randn(0, 4, 4), k, torch.arange(0), torch.arange(9), 1.0)
+    assert torch.equal(got, torch.zeros(9))
