@@ -12,9 +12,8 @@ The full ``[n_q, heads, n_k]`` matrix is built only when it fits the memory boun
 blocks, in two passes (the log-sum-exp of every (query, head), then the probabilities summed per key), so
 memory is ``O(n_q · heads · block)``. The PyTorch reference, which runs on the CPU, takes one pass over blocks
 of queries instead when a query's whole row of scores fits that bound, computing each score once (and holding
-the keys in float32 besides). Every row of
-a query's softmax sums to 1, so ``received.sum()`` equals the number of (query, head) pairs that see at
-least one key.
+the keys in float32 besides). Every row of a query's softmax sums to 1, so ``received.sum()`` equals the
+number of (query, head) pairs that see at least one key.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ an event is recorded after it. At the last chunk the whole buffer goes back with
 host-to-device copy, ordered after those events on the device (the stream waits, not the host), and the
 exact rows are gathered from it on the device: the request's own prefill never reads the buffer on the host,
 so it neither waits for the copies nor spends time copying rows. (A buffer handed to the split state store is
-read on the host by a later request, after its last copy's event, which has long completed by then. Reading the buffer on the host without waiting on the events would see
-whatever it held before the copies ran: the exact rows would start from stale split states, silently.)
+read on the host by a later request, after its last copy's event, which has long completed by then. Reading
+the buffer on the host without waiting on the events would see whatever it held before the copies ran: the
+exact rows would start from stale split states, silently.)
 The copy back is transient device memory of the prefix's size for the one forward that runs sweep 2, the
 order of one chunk's MLP activations.
 """

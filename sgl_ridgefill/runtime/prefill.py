@@ -11,8 +11,8 @@ chunks: to read the selection's inputs (attention statistics, probe, the sink fl
 in one copy, when there are any. The split states of the exact rows come back from host memory ordered on
 the device, not by a host wait (``host_rows.py``). (A later request that upgrades cached rows reads the split
 states an earlier one kept on the host, and under tensor parallelism agrees with the other ranks on whether
-every rank holds them. On hybrid models the terminal-state correction and the
-Gated DeltaNet state slots still read device values per layer: ``recurrent.py``.)
+every rank holds them. On hybrid models the terminal-state correction and the Gated DeltaNet state slots still
+read device values per layer: ``recurrent.py``.)
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ only by the kernels' rounding (the first was computed in the filling request's c
 
 The store holds whole buffers, one per filling request, up to ``capacity`` bytes; the least recently used
 buffer leaves first. A key names the same tokens whichever request wrote it, so a newer buffer simply takes the
-key over; a buffer left with no key of its own leaves at once. Host memory only, outside SGLang's accounting; ``--ridgefill-split-state-cache-mib`` bounds it
-(0 turns the store off).
+key over; a buffer left with no key of its own leaves at once. Host memory only, outside SGLang's accounting;
+``--ridgefill-split-state-cache-mib`` bounds it (0 turns the store off).
 """
 
 from __future__ import annotations
