@@ -1,10 +1,11 @@
 """One request's share of an EXTEND forward under RidgeFill: the two-sweep prefill across chunks.
 
 Sweep 1, every chunk: layers ``0..S-1`` exactly for the chunk's rows; the prefix rows' upper layers are
-filled from the map; the tail rows' split states are kept. Sweep 2, in the chunk that holds the last
-prompt token: choose the exact rows, then run layers ``S..L-1`` for the exact rows and the whole tail
-together, layer by layer over the filled cache. No tail row reads a row that is about to become exact,
-whatever the chunk size, because the upper layers of the tail only ever run after the selection.
+filled from the map; the tail rows' split states are kept; the chunk's rows in a selection's query window add
+their share of its attention statistics. Sweep 2, in the chunk that holds the last prompt token: choose the
+exact rows, then run layers ``S..L-1`` for the exact rows and the whole tail together, layer by layer over
+the filled cache. No tail row reads a row that is about to become exact, whatever the chunk size, because the
+upper layers of the tail only ever run after the selection.
 
 The host waits for the device at most once per request, whatever the number of layers, steps, runs and
 chunks: to read the selection's inputs (attention statistics, probe, the sink flags of the maps' sink rule)
@@ -133,6 +134,8 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
 
     # Sweep 1: lower layers for every row of the chunk.
     x_split = passes.lower_pass(ctx, fb, i, rows, split, _captures_for(st, p0, n, split))
+    if st.queries:
+        selection.accumulate_statistics(ctx, st, _requirements(st), ctx.req_to_token[req_row, : p0 + n], p0, n)
     n_prefix = min(max(boundary - p0, 0), n)
     fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
     if n_prefix and plan.arm != "nofill":
@@ -161,7 +164,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     if plan.splice is not None:
         splice_prefix(ctx, fb, i, st, req_slots)
     probes = {req: run_probe(ctx, fb, i, st, req.rows, req_slots) for req in _requirements(st) if _is_probe(req)}
-    statistics = selection.attention_statistics(ctx, st, _requirements(st), req_slots)
+    statistics = selection.attention_statistics(st, _requirements(st), device)
     statistics, probes = _read_selection_inputs(st, statistics, probes)
     if ctx.tp is not None:  # each rank summed over its own heads: add the ranks' shares before selecting
         ctx.tp.sum_over_ranks([*statistics.values(), *probes.values()])

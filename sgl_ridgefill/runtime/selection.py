@@ -2,9 +2,10 @@
 
 The selectors themselves are engine-free (``sgl_ridgefill.selectors``); this module gathers what they
 need from the request's cache: the queries captured in the lower layers and the keys in the KV pool, turned
-into "attention received per prefix row" without materialising the attention matrix. The statistics stay on
-the device until the prefill reads all of a request's selection inputs in one copy (``prefill.py``). Rows
-below the request's radix-cache hit (``start``) are exact already and never selected.
+into "attention received per prefix row" without materialising the attention matrix, chunk by chunk as the
+queries are computed. The statistics stay on the device until the prefill reads all of a request's selection
+inputs in one copy (``prefill.py``). Rows below the request's radix-cache hit (``start``) are exact already
+and never selected.
 """
 
 from __future__ import annotations
@@ -68,29 +69,49 @@ def attention_received(
     return kernel(q, k, q_pos, k_pos, scale, block=block)
 
 
-def attention_statistics(ctx: PassContext, st: RequestState, requirements, slots: torch.Tensor) -> dict:
-    """Attention received by every prefix row (``[B]`` float32, on the device) per ``AttentionRequirement``,
-    from the queries captured in the lower layers and the keys in the pool. ``slots``: ``[N]`` pool indices."""
+def accumulate_statistics(ctx: PassContext, st: RequestState, requirements, slots: torch.Tensor, first: int,
+                          rows: int) -> None:
+    """Add the attention that a chunk's captured queries (prompt rows ``[first, first + rows)``, lower layers
+    just run) give every prefix row to ``st.attention`` (``[B]`` float32 per ``AttentionRequirement``, on the
+    device), then drop the captures. Each query's softmax is whole already: it sees the keys at or before its
+    position, all in the pool once its chunk's lower layers ran. So the statistics are summed chunk by chunk,
+    each chunk's share in the forward that computes its queries, and the chunk that holds the last prompt token
+    computes only its own. ``slots``: ``[first + rows]`` the request's pool slots."""
     from ..selectors.base import AttentionRequirement
 
     ad = ctx.adapter
     device = slots.device
-    out = {}
     for req in requirements:
         if not isinstance(req, AttentionRequirement):
             continue
         lo, hi = query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
-        total = torch.zeros(st.boundary, dtype=torch.float32, device=device)
+        a, b = max(lo, first), min(hi, first + rows)
         for layer_id in req.layers:
-            chunks = st.queries.get((req, layer_id), [])
-            if not chunks or hi <= lo:
+            chunks = st.queries.pop((req, layer_id), [])
+            if not chunks or a >= b:
                 continue
-            q = torch.cat(chunks).reshape(hi - lo, -1, ad.shape.head_dim)
-            k = ctx.pool.get_key_buffer(layer_id)[slots[:hi]]
+            q = torch.cat(chunks).reshape(b - a, -1, ad.shape.head_dim)
+            k = ctx.pool.get_key_buffer(layer_id)[slots[:b]]
             scale = ad.attention(layer_id).scaling
-            received = attention_received(q.float(), k.float(), torch.arange(lo, hi, device=device), scale)
-            total += received[: st.boundary]
-        out[req] = total
+            received = attention_received(q.float(), k.float(), torch.arange(a, b, device=device), scale)
+            seen = min(b, st.boundary)
+            total = st.attention.get(req)
+            if total is None:
+                total = st.attention[req] = torch.zeros(st.boundary, dtype=torch.float32, device=device)
+            total[:seen] += received[:seen]
+
+
+def attention_statistics(st: RequestState, requirements, device: torch.device) -> dict:
+    """Attention received by every prefix row (``[B]`` float32, on the device) per ``AttentionRequirement``,
+    summed over the chunks (:func:`accumulate_statistics`); zeros for a requirement no query reached."""
+    from ..selectors.base import AttentionRequirement
+
+    out = {}
+    for req in requirements:
+        if isinstance(req, AttentionRequirement):
+            out[req] = st.attention.get(req)
+            if out[req] is None:
+                out[req] = torch.zeros(st.boundary, dtype=torch.float32, device=device)
     return out
 
 

@@ -67,8 +67,10 @@ class RequestState:
     # when rows get selected or the maps have sink rows.
     tail_x: torch.Tensor | None = None  # [T, d]
     prefix_x: HostRows | None = None  # [B - start, d]
-    # Query rows captured in the lower layers for attention statistics: (requirement, layer) -> [[rows, q*d]]
+    # Query rows the current chunk's lower layers captured: (requirement, layer) -> [[rows, q*d]]; turned into
+    # the attention statistics they add (``attention``: requirement -> [B] float32) in the same chunk.
     queries: dict = field(default_factory=dict)
+    attention: dict = field(default_factory=dict)
     stats: RequestStats = field(default_factory=RequestStats)  # what the prefill did (meta_info, logs, metrics)
     # nofill: keys the upper layers must not see in decode steps ([B] bool, True = hidden), set when done.
     hidden_keys: torch.Tensor | None = None
@@ -170,6 +172,7 @@ class RequestState:
         self.tail_x = self.prefix_x = self.context = None
         self.sink_flags = []
         self.queries.clear()
+        self.attention.clear()
 
     def release(self) -> None:
         self.released = True

@@ -12,7 +12,7 @@ import torch
 
 from sgl_ridgefill.kernels.map_apply import apply_map, apply_map_int8
 from sgl_ridgefill.maps.kinds import MAP_KINDS, features, map_kind
-from sgl_ridgefill.runtime.selection import attention_statistics
+from sgl_ridgefill.runtime.selection import accumulate_statistics, attention_statistics
 from sgl_ridgefill.selectors.base import AttentionRequirement
 
 D, KV_DIM, HEADS, KV_HEADS, HEAD_DIM = 4096, 1024, 32, 8, 128
@@ -52,8 +52,9 @@ def test_a_host_map_against_device_rows_is_refused_by_name():
 
 
 def test_the_selection_statistics_gather_on_the_device():
-    """``attention_statistics`` reads the captured queries and the pool's keys of one request: every tensor it
-    makes lives on the pool's device, and nothing reads device data."""
+    """``accumulate_statistics`` reads a chunk's captured queries and the pool's keys of one request, and
+    ``attention_statistics`` hands their sums over: every tensor they make lives on the pool's device, and
+    nothing reads device data."""
     n, boundary, q_rows = 16384, 12288, 64
     layers = (3, 7, 11)
     req = AttentionRequirement(query="last", q=q_rows, layers=layers)
@@ -62,7 +63,8 @@ def test_the_selection_statistics_gather_on_the_device():
     adapter = SimpleNamespace(shape=SimpleNamespace(head_dim=HEAD_DIM),
                               attention=lambda layer_id: SimpleNamespace(scaling=HEAD_DIM**-0.5))
     queries = {(req, l): [torch.empty(q_rows, HEADS * HEAD_DIM, dtype=torch.bfloat16, device=META)] for l in layers}
-    st = SimpleNamespace(num_tokens=n, boundary=boundary, start=0, queries=queries)
+    st = SimpleNamespace(num_tokens=n, boundary=boundary, start=0, queries=queries, attention={})
     slots = torch.empty(n, dtype=torch.int64, device=META)
-    out = attention_statistics(SimpleNamespace(adapter=adapter, pool=pool), st, [req], slots)
+    accumulate_statistics(SimpleNamespace(adapter=adapter, pool=pool), st, [req], slots, n - 2048, 2048)
+    out = attention_statistics(st, [req], META)
     assert out[req].device == META and out[req].shape == (boundary,) and out[req].dtype == torch.float32

@@ -51,3 +51,55 @@ def test_a_reselecting_plan_chooses_among_the_cached_rows_too():
     assert chosen("no_insert", exact_every=7) == [31, 38]  # every 7th row from the cached start
     assert chosen("namespace", exact_rows=(3, 30, 45)) == [3, 30]
     assert chosen("namespace", exact_every=7, value_rescale=8) == [31, 38]  # the rescale does not reselect
+
+
+def _statistics_fixture(n: int, layers=(1, 3), heads: int = 4, kv_heads: int = 2, d: int = 8):
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    keys = {l: torch.randn(n + 5, kv_heads, d, generator=g) for l in layers}  # pool rows, shuffled by the slots
+    queries = {l: torch.randn(n, heads * d, generator=g) for l in layers}  # every prompt row's lower-layer query
+    pool = SimpleNamespace(get_key_buffer=lambda layer_id: keys[layer_id])
+    adapter = SimpleNamespace(shape=SimpleNamespace(head_dim=d), attention=lambda layer_id: SimpleNamespace(scaling=0.3))
+    slots = torch.randperm(n + 5, generator=g)[:n]
+    ctx = SimpleNamespace(adapter=adapter, pool=pool)
+    return ctx, keys, queries, slots
+
+
+def test_the_statistics_summed_chunk_by_chunk_equal_the_whole_window_at_once():
+    """Each chunk adds its own queries' share in its own forward: whatever the chunking, the statistic is the
+    attention the whole window gives every prefix row (reference: one call over every query of the window)."""
+    from types import SimpleNamespace
+
+    from sgl_ridgefill.runtime.selection import accumulate_statistics, attention_received, attention_statistics
+    from sgl_ridgefill.selectors.base import AttentionRequirement
+
+    n, boundary = 300, 200
+    ctx, keys, queries, slots = _statistics_fixture(n)
+    last = AttentionRequirement(query="last", q=130, layers=(1, 3))  # reaches into the prefix: rows 170..299
+    blind = AttentionRequirement(query="before_tail", q=40, layers=(3,))  # rows 160..199, all before the tail
+    reqs = [last, blind]
+    expected = {}
+    for req in reqs:
+        lo, hi = query_window(req.query, req.q, n, boundary)
+        expected[req] = sum(
+            attention_received(queries[l][lo:hi].reshape(hi - lo, -1, 8), keys[l][slots[:hi]], torch.arange(lo, hi),
+                               0.3)[:boundary]
+            for l in req.layers)
+    for cuts in ((0, 300), (0, 100, 175, 190, 260, 300), (0, 299, 300)):
+        st = SimpleNamespace(num_tokens=n, boundary=boundary, start=0, queries={}, attention={})
+        for first, stop in zip(cuts, cuts[1:]):
+            for req in reqs:  # what the lower pass captures of the chunk's rows in each window
+                lo, hi = query_window(req.query, req.q, n, boundary)
+                a, b = max(lo, first), min(hi, stop)
+                if a < b:
+                    for l in req.layers:
+                        st.queries.setdefault((req, l), []).append(queries[l][a:b])
+            accumulate_statistics(ctx, st, reqs, slots[:stop], first, stop - first)
+            assert not st.queries  # the captures go once they are counted
+        got = attention_statistics(st, reqs, torch.device("cpu"))
+        for req in reqs:
+            assert got[req].shape == (boundary,)
+            torch.testing.assert_close(got[req], expected[req], rtol=1e-5, atol=1e-6)
+    st = SimpleNamespace(num_tokens=n, boundary=boundary, start=0, queries={}, attention={})
+    assert all(v.abs().sum() == 0 for v in attention_statistics(st, reqs, torch.device("cpu")).values())
