@@ -28,7 +28,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("lower_pass", "lower layers"),
     ("fill_pass", "fill (map + K/V)"),
     ("upper_pass", "upper layers (tail + exact rows)"),
-    ("attention_statistics", "selection statistics"),
+    ("accumulate_statistics", "selection statistics"),
     ("run_probe", "probe"),
     ("select_rows", "row selection"),
     *((f"{f.hf_class}.forward", "exact forward") for f in FAMILIES),  # every family of arch.py

@@ -49,3 +49,18 @@ def test_native_stacks_of_helper_threads_are_dropped():
 def test_bad_profile_line():
     with pytest.raises(ValueError, match=r"^not a py-spy raw profile line: 'garbage'$"):
         read_raw(["garbage"])
+
+
+def test_every_ridgefill_phase_names_a_function_of_the_runtime():
+    """The phases are matched by function name on py-spy's stacks: a renamed pass would fall silently into
+    another phase."""
+    import inspect
+
+    from sgl_ridgefill.bench.phases import PHASES
+    from sgl_ridgefill.runtime import passes, prefill, selection
+
+    defined = {name for module in (passes, prefill, selection) for name, _ in inspect.getmembers(module, inspect.isfunction)}
+    runtime_phases = [name for name, _ in PHASES if "." not in name]
+    assert runtime_phases, PHASES
+    missing = [name for name in runtime_phases if name not in defined]
+    assert not missing, f"phases naming no runtime function: {missing}"
