@@ -227,6 +227,13 @@ def _smol_layers(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
     arms = "exact,ridgefill+rows" if exact else "ridgefill+rows"
     return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", pooled_tail_rows(layers))
 
+
+# Qwen2.5-Coder-1.5B has 28 layers: at 4K the shipped selection (layers 3, 7 and 11) missed 3 of 96 filled-region
+# needles, all niah_multikey in text. The same selection from layers at the same relative depths below its split
+# 14, and from the three just below it; the rows arm only, beside the exact arm of qwen2.5-1.5b-s14-q (same
+# prompts, same group).
+QWEN_1_5B_LAYER_SETS = ((3, 8, 13), (11, 12, 13))
+
 # Half depth and one shallower split for the Qwen2-family 0.5B (24 layers, no QK-norm) and SmolLM2-135M
 # (Llama family, 30 layers, 8K context); T = 1024. Then the split and map-kind comparison on the 0.5B.
 RUNS = (
@@ -239,7 +246,7 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
     # The same prompts on the server whose later questions choose their rows again over the cached document.
     Run("qwen2.5-0.5b-s12-later-reselect-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
-    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND),
+    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND, group=SELECTION_LAYERS),
     Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,), _QUALITY_SECOND),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND, group=QUESTION_BLIND),
@@ -273,6 +280,9 @@ RUNS = (
     *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
           _smol_layers(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
       for i, layers in enumerate(SMOL_LAYER_SETS)),
+    *(Run(f"qwen2.5-1.5b-s14-l{'-'.join(map(str, layers))}-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,),
+          _smol_layers(layers, exact=False), group=SELECTION_LAYERS)
+      for layers in QWEN_1_5B_LAYER_SETS),
     *(Run(_domain_name(corpus), "qwen2.5-coder-0.5b", (12,), 12, (4096,), _DOMAIN, group=CALIBRATION_DOMAIN,
           corpus=corpus) for corpus in DOMAIN_CORPORA),
     Run("qwen2.5-0.5b-s12-16k-q", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LENGTH, group=LENGTH),
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-group", default=None, choices=GROUPS,
                         help="the runs of one group (choose-split: the map kind x split x rows comparison; "
                              "question-blind: rows chosen without the question against the shipped selection; "
-                             "selection-layers: which layers choose the rows on SmolLM2's 30)")
+                             "selection-layers: which layers choose the rows on SmolLM2's 30 and Qwen2.5-Coder-1.5B's 28)")
     parser.add_argument("--list", action="store_true", help="print each run's calibrate and eval commands; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite each run's report from its raw results (no requests), then join them")

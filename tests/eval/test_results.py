@@ -146,7 +146,7 @@ def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypat
     """A run stopped on one machine: its records are kept beside its report, seed the next machine's results
     folder, serve as a sibling's exact arm, and go back to the repository with the report."""
     docs, runs = tmp_path / "docs", tmp_path / "runs"
-    group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
+    group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS and r.model == "smollm2-135m"]
     first, second = group[0], group[1]
     kept = docs / "results" / first.name / results.RAW
     kept.parent.mkdir(parents=True)
@@ -171,15 +171,25 @@ def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypat
     assert (docs / "results" / first.name / "REPORT.md").exists()
 
 
-def test_the_selection_layer_runs_read_their_own_layers_below_the_split():
+def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path):
     group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
-    assert [r.name for r in group] == [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q"
-                                       for l in results.SMOL_LAYER_SETS]
-    for run, layers in zip(group, results.SMOL_LAYER_SETS):
+    smol = [r for r in group if r.model == "smollm2-135m"]
+    assert [r.name for r in smol] == [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q"
+                                      for l in results.SMOL_LAYER_SETS]
+    for run, layers in zip(smol, results.SMOL_LAYER_SETS):
         shown = f"layers=[{', '.join(map(str, layers))}]"
         assert run.rows_select.count(shown) == 2 and max(layers) < run.split and run.map_kind == "kv+context"
     assert results.POOLED_TAIL_ROWS == results.pooled_tail_rows((3, 7, 11))
-    assert [("exact" in r.extra[r.extra.index("--needle-arms") + 1]) for r in group] == [True, False, False]
+    assert [("exact" in r.extra[r.extra.index("--needle-arms") + 1]) for r in smol] == [True, False, False]
+    # Qwen2.5-Coder-1.5B: its shipped-selection run holds the exact arm its layer runs are paired with.
+    qwen = [r for r in group if r.model == "qwen2.5-coder-1.5b"]
+    assert [r.name for r in qwen] == ["qwen2.5-1.5b-s14-q"] + [
+        f"qwen2.5-1.5b-s14-l{'-'.join(map(str, l))}-q" for l in results.QWEN_1_5B_LAYER_SETS]
+    for run, layers in zip(qwen[1:], results.QWEN_1_5B_LAYER_SETS):
+        assert run.rows_select == results.pooled_tail_rows(layers) and max(layers) < run.split
+        assert run.extra[run.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+        assert results.exact_sources(run, results.RUNS, tmp_path, results.REPO_DOCS) == (
+            results.REPO_DOCS / "results" / "qwen2.5-1.5b-s14-q",)
 
 
 def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
