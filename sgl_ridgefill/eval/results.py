@@ -223,7 +223,8 @@ _LONG_DOCS = ("--doc-tokens", "16384", "--max-doc-pieces", "1", "--min-doc-token
 SMOL_LAYER_SETS = ((3, 7, 11), (4, 9, 14), (8, 11, 14))
 
 
-def _smol_layers(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
+def _layer_flags(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
+    """The quality preset's needle arms of a selection-layers run: the shipped selection reading ``layers``."""
     arms = "exact,ridgefill+rows" if exact else "ridgefill+rows"
     return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", pooled_tail_rows(layers))
 
@@ -278,10 +279,10 @@ RUNS = (
     Run("smollm2-135m-kv-context-s15-pooled-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY_POOLED,
         map_kind="kv+context", group=CHOOSE_SPLIT),
     *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
-          _smol_layers(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
+          _layer_flags(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
       for i, layers in enumerate(SMOL_LAYER_SETS)),
     *(Run(f"qwen2.5-1.5b-s14-l{'-'.join(map(str, layers))}-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,),
-          _smol_layers(layers, exact=False), group=SELECTION_LAYERS)
+          _layer_flags(layers, exact=False), group=SELECTION_LAYERS)
       for layers in QWEN_1_5B_LAYER_SETS),
     *(Run(_domain_name(corpus), "qwen2.5-coder-0.5b", (12,), 12, (4096,), _DOMAIN, group=CALIBRATION_DOMAIN,
           corpus=corpus) for corpus in DOMAIN_CORPORA),
@@ -398,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-group", default=None, choices=GROUPS,
                         help="the runs of one group (choose-split: the map kind x split x rows comparison; "
                              "question-blind: rows chosen without the question against the shipped selection; "
-                             "selection-layers: which layers choose the rows on SmolLM2's 30 and Qwen2.5-Coder-1.5B's 28)")
+                             "selection-layers: which layers choose the rows on SmolLM2's 30 and on "
+                             "Qwen2.5-Coder-1.5B's 28)")
     parser.add_argument("--list", action="store_true", help="print each run's calibrate and eval commands; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite each run's report from its raw results (no requests), then join them")
