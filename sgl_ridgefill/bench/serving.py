@@ -1,8 +1,8 @@
 """``sgl-ridgefill bench-serving``: SGLang's own serving benchmark against a stock and a RidgeFill server.
 
     sgl-ridgefill bench-serving --model qwen2.5-coder-0.5b --ridgefill-maps DIR [--workloads NAMES]
-        [--servers stock,ridgefill,ridgefill-no-insert] [--ridgefill-flags '--ridgefill-tail 1024'] [--out docs]
-        [--scale 1.0]
+        [--servers stock,ridgefill,ridgefill-no-insert] [--ridgefill-flags '--ridgefill-tail 1024']
+        [--server-flags '--prefill-decode-interval 1'] [--out docs] [--scale 1.0]
 
 The servers (:data:`SERVERS`: stock SGLang, RidgeFill with its default cache mode ``auto`` (``namespace`` for the
 bare fill and for a policy that chooses its rows again over a reused cache, such as the shipped rows policies),
@@ -94,10 +94,11 @@ def run_client(command: list[str], output: pathlib.Path, *, timeout: float) -> d
 
 
 def server_flags(model_dir: str, dtype: str, server: str, *, maps: str | None, extra: Sequence[str],
-                 longest: int) -> list[str]:
-    """The flags of one of :data:`SERVERS` (the CPU launcher adds its own)."""
+                 longest: int, shared: Sequence[str] = ()) -> list[str]:
+    """The flags of one of :data:`SERVERS` (the CPU launcher adds its own): ``shared`` goes to every server,
+    ``extra`` to the RidgeFill ones, last."""
     flags = ["--model-path", str(model_dir), "--dtype", dtype, "--max-total-tokens", str(4 * longest + 8192),
-             "--mem-fraction-static", "0.6"]
+             "--mem-fraction-static", "0.6", *shared]
     own = SERVERS[server]
     if own is not None:
         flags += ["--prefill-backend", "ridgefill", "--ridgefill-maps", str(maps), *own, *extra]
@@ -115,7 +116,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"{m.get('threads')} thread(s). Every server on this CPU on {report['model']}, prompt lengths scaled by "
         f"{report.get('scale', 1.0)}; RidgeFill flags: `{' '.join(report['ridgefill_flags']) or '(defaults)'}` "
         "(`ridgefill` runs the default cache mode `auto`, `ridgefill-no-insert` adds `--ridgefill-cache-mode "
-        "no_insert`). Each workload ran on every server in turn "
+        "no_insert`)"
+        + (f"; SGLang flags of every server: `{' '.join(report['server_flags'])}`" if report.get("server_flags") else "")
+        + ". Each workload ran on every server in turn "
         "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
         "multi-turn, which it requires), the radix cache flushed before each run.",
         "",
@@ -147,6 +150,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ridgefill-maps", required=True, type=pathlib.Path, help="the RidgeFill server's maps")
     p.add_argument("--ridgefill-flags", type=shlex.split, default=[],
                    help="more flags for the RidgeFill server, one string (e.g. '--ridgefill-tail 1024')")
+    p.add_argument("--server-flags", type=shlex.split, default=[],
+                   help="SGLang flags for every server, stock included, one string (e.g. '--prefill-decode-interval 1')")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--dtype", default="auto", help="the servers' dtype (default auto: this CPU's)")
@@ -178,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     longest = int(6144 * args.scale) + 1024
     report: dict[str, Any] = {
         "command": " ".join(shlex.quote(w) for w in ["sgl-ridgefill", "bench-serving", *sys.argv[2:]]),
-        "model": pathlib.Path(model_dir).name, "ridgefill_flags": list(args.ridgefill_flags), "scale": args.scale,
+        "model": pathlib.Path(model_dir).name, "ridgefill_flags": list(args.ridgefill_flags),
+        "server_flags": list(args.server_flags), "scale": args.scale,
         "machine": machine_record(dtype=dtype.dtype, server_env=None, server_local=True), "workloads": {},
     }
     args.out.mkdir(parents=True, exist_ok=True)  # the servers' logs go there from the start
@@ -186,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         urls = {}
         for server in servers:
             flags = server_flags(model_dir, dtype.dtype, server, maps=str(args.ridgefill_maps),
-                                 extra=args.ridgefill_flags, longest=longest)
+                                 extra=args.ridgefill_flags, longest=longest, shared=args.server_flags)
             log = args.out / f"serving-{server}.log"
             print(f"starting the {server} server (log {log})", file=sys.stderr, flush=True)
             urls[server] = stack.enter_context(running_server(flags, log_path=log, timeout=1800))

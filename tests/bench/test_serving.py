@@ -34,6 +34,20 @@ def test_server_flags():
     assert "--ridgefill-cache-mode" not in default  # the default cache mode, auto
 
 
+def test_server_flags_go_to_every_server_before_ridgefills_own():
+    """SGLang flags for every server (``--server-flags``, e.g. ``--prefill-decode-interval 1``): the comparison
+    stays fair; RidgeFill's own flags come last."""
+    for name in ("stock", "ridgefill", "ridgefill-no-insert"):
+        flags = serving.server_flags("/m", "float32", name, maps="/maps", extra=["--x"], longest=100,
+                                     shared=["--prefill-decode-interval", "1"])
+        assert flags[flags.index("--prefill-decode-interval") + 1] == "1", name
+        assert name == "stock" or flags[-1] == "--x"
+    report = {"command": "c", "model": "m", "ridgefill_flags": [], "server_flags": ["--prefill-decode-interval", "1"],
+              "machine": {}, "workloads": {}}
+    assert "SGLang flags of every server: `--prefill-decode-interval 1`" in serving.markdown(report)
+    assert "SGLang flags of every server" not in serving.markdown({**report, "server_flags": []})
+
+
 def test_report_lists_every_server_that_ran():
     row = {"ttft_mean_s": 1.0, "ttft_p50_s": 1.0, "ttft_p99_s": 1.0, "itl_p99_ms": 5.0, "duration_s": 2.0,
            "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "completed": 1}
