@@ -65,8 +65,7 @@ def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
     for req in _requirements(st):
         if not isinstance(req, AttentionRequirement):
             continue
-        lo, hi = selection.query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
-        a, b = max(lo, p0), min(hi, p0 + n)
+        a, b = selection.chunk_query_rows(req, st, p0, n)
         if a >= b:
             continue
         for layer_id in req.layers:

@@ -32,6 +32,14 @@ def query_window(kind: str, q: int, num_tokens: int, boundary: int, start: int =
     return max(lo, start), max(hi, start)
 
 
+def chunk_query_rows(req, st: RequestState, first: int, rows: int) -> tuple[int, int]:
+    """The prompt rows ``[a, b)`` of a chunk (rows ``[first, first + rows)``) in the query window of the
+    attention requirement ``req`` for this request; empty when ``a >= b``. What the chunk's lower pass
+    captures and what it adds to the statistics."""
+    lo, hi = query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
+    return max(lo, first), min(hi, first + rows)
+
+
 def random_rows_between(count: int, lo: int, hi: int, seed: int) -> torch.Tensor:
     """The random-rows control over the rows ``[lo, hi)`` this request computes (the selectors' draw,
     shifted past a radix-cache hit), sorted."""
@@ -84,8 +92,7 @@ def accumulate_statistics(ctx: PassContext, st: RequestState, requirements, slot
     for req in requirements:
         if not isinstance(req, AttentionRequirement):
             continue
-        lo, hi = query_window(req.query, req.q, st.num_tokens, st.boundary, st.start)
-        a, b = max(lo, first), min(hi, first + rows)
+        a, b = chunk_query_rows(req, st, first, rows)
         for layer_id in req.layers:
             chunks = st.queries.pop((req, layer_id), [])
             if not chunks or a >= b:
