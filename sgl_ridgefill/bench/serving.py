@@ -18,8 +18,9 @@ before each run. The workloads (:data:`WORKLOADS`) are what long-prompt serving 
   cache's case: every question after a group's first prefills only its own tokens on stock SGLang);
 - ``multi-turn``: the same with three turns per conversation, each turn sending the whole history.
 
-Per workload and server the report holds TTFT mean, median and p99, p99 inter-token latency, request and
-output throughput, the benchmark's duration and the client's command; ``docs/SERVING.md`` puts them side by
+Per workload and server the report holds TTFT mean, median and p99, p99 inter-token latency with the five
+longest inter-token gaps (a p99 over a few hundred gaps is set by its few longest), request and output
+throughput, the benchmark's duration and the client's command; ``docs/SERVING.md`` puts them side by
 side with the machine (CPU model, capability, dtype) and ``docs/serving.json`` holds them as numbers.
 """
 
@@ -71,15 +72,22 @@ def client_command(url: str, tokenizer: str, workload: str, output: pathlib.Path
                 i = args.index(flag) + 1
                 args[i] = str(max(16, int(int(args[i]) * scale)))
     return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", BACKENDS.get(workload, "sglang"),
-            "--base-url", url, "--tokenizer", tokenizer, "--seed", str(seed), "--output-file", str(output), "--disable-tqdm", *args]
+            "--base-url", url, "--tokenizer", tokenizer, "--seed", str(seed), "--output-file", str(output), "--output-details", "--disable-tqdm", *args]
+
+
+LONGEST_GAPS = 5  # the report's longest inter-token gaps per run: a p99 over a few hundred is set by a few
 
 
 def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
-    """The report's fields of one result line of SGLang's benchmark."""
+    """The report's fields of one result line of SGLang's benchmark; with its details (``itls``: every
+    request's inter-token gaps, in seconds) also the :data:`LONGEST_GAPS` longest gaps and their count."""
     out = {}
     for key, (name, factor) in FIELDS.items():
         value = line.get(key)
         out[name] = None if value is None else (value * factor if isinstance(factor, float) else value)
+    if line.get("itls") is not None:
+        gaps = sorted((g * 1e3 for request in line["itls"] for g in request), reverse=True)
+        out.update(itl_longest_ms=gaps[:LONGEST_GAPS], itl_count=len(gaps))
     return out
 
 
@@ -122,25 +130,32 @@ def markdown(report: Mapping[str, Any]) -> str:
         "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
         "multi-turn, which it requires), the radix cache flushed before each run.",
         "",
-        "| workload | server | TTFT mean | TTFT median | TTFT p99 | p99 ITL | duration | requests/s | output tok/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | server | TTFT mean | TTFT median | TTFT p99 | p99 ITL | duration | requests/s | output tok/s | "
+        "longest ITLs (of all) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in report["workloads"].items():
         for server, r in entry.items():
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {name} | {server} | error: {r['error'][:120]} |||||||")
+                lines.append(f"| {name} | {server} | error: {r['error'][:120]} ||||||||")
                 continue
             lines.append(
                 f"| {name} | {server} | {r['ttft_mean_s']:.2f} s | {r['ttft_p50_s']:.2f} s | {r['ttft_p99_s']:.2f} s | "
                 f"{r['itl_p99_ms']:.0f} ms | {r['duration_s']:.1f} s | {r['requests_per_s']:.3f} | "
-                f"{r['output_tokens_per_s']:.2f} |"
+                f"{r['output_tokens_per_s']:.2f} | {_longest(r)} |"
             )
     lines += ["", "Client commands (URL and output file stand for the run's own; prompt lengths before the scale):", ""]
     lines += [f"- `{name}`: `python -m sglang.benchmark.serving --backend {BACKENDS.get(name, 'sglang')} {' '.join(WORKLOADS[name])}`"
               for name in report["workloads"]]
     return "\n".join(lines) + "\n"
+
+
+def _longest(r: Mapping[str, Any]) -> str:
+    if not r.get("itl_longest_ms"):
+        return "–"
+    return f"{', '.join(f'{g:.0f}' for g in r['itl_longest_ms'])} ms of {r['itl_count']}"
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:

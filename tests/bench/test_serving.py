@@ -14,6 +14,15 @@ def test_the_client_is_sglangs_serving_benchmark_scaled():
     assert cmd[1:4] == ["-m", "sglang.benchmark.serving", "--backend"] and "--gsp-ordered" in cmd
     assert cmd[cmd.index("--gsp-system-prompt-len") + 1] == "3072"
     assert cmd[cmd.index("--base-url") + 1] == "http://h:1" and cmd[cmd.index("--output-file") + 1] == "/o.jsonl"
+    assert "--output-details" in cmd  # every request's inter-token gaps, for the longest ones
+
+
+def test_the_longest_inter_token_gaps_are_reported():
+    """A p99 over a few hundred gaps is set by its three or four longest: the report names the five longest,
+    so a reader sees whether a difference is one stall or many."""
+    got = serving.parse_result({"p99_itl_ms": 900.0, "itls": [[0.1, 2.5, 0.1], [0.2, 0.9], [], [3.0, 0.05, 1.0]]})
+    assert got["itl_longest_ms"] == [3000.0, 2500.0, 1000.0, 900.0, 200.0] and got["itl_count"] == 8
+    assert "itl_longest_ms" not in serving.parse_result({"p99_itl_ms": 1.0})  # a client run without details
 
 
 def test_result_fields_in_seconds():
@@ -50,13 +59,15 @@ def test_server_flags_go_to_every_server_before_ridgefills_own():
 
 def test_report_lists_every_server_that_ran():
     row = {"ttft_mean_s": 1.0, "ttft_p50_s": 1.0, "ttft_p99_s": 1.0, "itl_p99_ms": 5.0, "duration_s": 2.0,
-           "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "completed": 1}
+           "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "completed": 1, "itl_longest_ms": [9.0, 7.5],
+           "itl_count": 12}
     report = {"command": "sgl-ridgefill bench-serving", "model": "m", "ridgefill_flags": [], "scale": 0.5,
               "machine": {"cpu_model": "c", "capability": "AVX2", "dtype": "float32", "threads": 2},
               "workloads": {"random-ids": {"stock": row, "ridgefill": {"error": "boom"}}}}
     text = serving.markdown(report)
     assert "| random-ids | stock | 1.00 s |" in text and "| random-ids | ridgefill | error: boom" in text
     assert "AVX2" in text and "float32" in text and "scaled by 0.5" in text
+    assert "| 9, 8 ms of 12 |" in text  # the longest inter-token gaps, of how many
 
 
 def test_unknown_names_are_refused(capsys):
