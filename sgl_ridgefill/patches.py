@@ -9,7 +9,8 @@ hybrids that would reach Triton or CUDA on CPU tensors. Only when ``--prefill-ba
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
-radix-cache match bound of namespace requests; the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
+radix-cache match bound of namespace requests; the scheduler's prefill deferral and chunk sizes (a sliced
+second sweep); the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
 summaries; the weight-update guard; and, on a PD prefill worker, the held-back KV sends, the descriptor in
 the metadata and the decode worker's prefix. Each hook's docstring says what SGLang does there, what
 RidgeFill changes, and why; each is one row of :data:`HOOKS`. SGLang logs and swallows plugin errors, so
@@ -38,6 +39,9 @@ MATCH_LIMIT = "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len"
 RELEASE_KV = "sglang.srt.mem_cache.common.release_kv_cache"
 PREFILL_GRAPH = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph"
 DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
+DEFER_PREFILL = "sglang.srt.managers.scheduler.Scheduler._should_defer_prefill"
+ADD_CHUNKED_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req"
+ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 REQUEST_LEVEL_INFO = (
     "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
     "is_request_level_customized_info_key"
@@ -333,6 +337,61 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
     return original(req, tree_cache, *args, **kwargs)
 
 
+def around_should_defer_prefill(original, scheduler: Any, running_batch: Any, *args: Any, **kwargs: Any) -> bool:
+    """AROUND ``Scheduler._should_defer_prefill(running_batch)``: SGLang skips a round's prefill, so that the
+    running batch decodes, under ``--prefill-decode-interval``; RidgeFill also skips it once between two slices
+    of a request's second sweep while others decode (``runtime/slicing.py``), so their next tokens wait for one
+    slice, not the whole sweep; and it notes whether any request decodes, for the chunk limits below."""
+    from .runtime.runtime import get_runtime
+
+    deferred = original(scheduler, running_batch, *args, **kwargs)
+    rt = get_runtime()
+    if rt is None:
+        return deferred
+    return rt.slicer.defer(getattr(scheduler, "chunked_req", None), running_batch) or deferred
+
+
+def around_add_chunked_req(original, adder: Any, req: Any, *args: Any, **kwargs: Any):
+    """AROUND ``PrefillAdder.add_chunked_req(req)``: SGLang sizes the next chunk of the request it prefills in
+    chunks, within ``chunked_req_limit`` when set; RidgeFill lowers that limit while the request's second sweep
+    is sliced: its last chunk ends a few tokens short of the prompt, then one token per slice
+    (``runtime/slicing.py``). A chunk it cuts short takes the batch's whole budget, as a stock chunk that does
+    not end its prompt does, so no second request starts chunked prefill beside it."""
+    from .runtime.runtime import get_runtime
+
+    rt = get_runtime()
+    own = rt.slicer.chunk_limit(req, adder.rem_chunk_tokens or 0) if rt is not None else None
+    if own is None:
+        return original(adder, req, *args, **kwargs)
+    limit = getattr(adder, "chunked_req_limit", None)
+    adder.chunked_req_limit = own if limit is None else min(limit, own)
+    out = original(adder, req, *args, **kwargs)
+    if out is not None and adder.rem_chunk_tokens is not None:
+        adder.rem_chunk_tokens = 0
+    return out
+
+
+def around_add_one_req(original, adder: Any, req: Any, *args: Any, **kwargs: Any):
+    """AROUND ``PrefillAdder.add_one_req(req, ...)``: SGLang admits a waiting request into the prefill batch,
+    whole or as the first chunk of a chunked prefill; RidgeFill cuts a selecting request whose prompt would fit
+    whole a few tokens short while others decode, so that its second sweep runs in slices over the next chunks
+    (``runtime/slicing.py``). It then takes the batch's whole budget, as any first chunk that does not end its
+    prompt does."""
+    from .runtime.runtime import get_runtime
+
+    rt = get_runtime()
+    budget = adder.rem_chunk_tokens
+    own = rt.slicer.chunk_limit(req, budget) if rt is not None and budget is not None else None
+    if own is None or own >= budget:
+        return original(adder, req, *args, **kwargs)
+    adder.rem_chunk_tokens = own
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        used = own - (adder.rem_chunk_tokens or 0)
+        adder.rem_chunk_tokens = 0 if getattr(adder, "new_chunked_req", None) is req else budget - used
+
+
 def around_model_forward(original, lm: Any, *args: Any, **kwargs: Any):
     """AROUND ``{Llama,Qwen2,Qwen3,Qwen3_5,Qwen3Next}ForCausalLM.forward``: SGLang runs every layer for every row; RidgeFill
     runs the two-sweep prefill for the requests it admitted (``runtime/prefill.py``). Decode, exact
@@ -466,6 +525,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook((REQUEST_LEVEL_INFO,), around_request_level_info, ENABLED),
     Hook(WEIGHT_UPDATES, after_weight_update, ENABLED),
     Hook(MODEL_FORWARDS, around_model_forward, ENABLED),
+    Hook((DEFER_PREFILL,), around_should_defer_prefill, ENABLED),
+    Hook((ADD_CHUNKED_REQ,), around_add_chunked_req, ENABLED),
+    Hook((ADD_ONE_REQ,), around_add_one_req, ENABLED),
     Hook((PD_SEND,), around_send_kv_chunk, ENABLED),
     Hook((PD_DESCRIBE,), after_set_buf, ENABLED),
     Hook((PD_BOOTSTRAP,), after_finalize_bootstrap, ENABLED),

@@ -231,6 +231,13 @@ SETTINGS: tuple[Setting, ...] = (
                     "makes exact skip layers 0..S-1 (default 1024; a document takes its new prefix rows x hidden x "
                     "the model dtype's bytes, 2 in bfloat16, on every tensor-parallel rank, pinned on a GPU; 0: off, "
                     "every upgraded row runs its lower layers again)"),
+    IntSetting(name="slice_rows", minimum=0, metavar="ROWS",
+               help="while other requests decode, the prefill of a request with exact rows (a selecting policy, or "
+                    "maps with a sink rule) runs in forwards of at most about ROWS rows with a decode step between "
+                    "them: chunks of ROWS tokens, and its last upper-layer pass (the exact rows and the tail) in "
+                    "slices of ROWS rows, at most 8, instead of one forward that every decoding request waits for "
+                    "(default: an eighth of SGLang's chunked-prefill size; 0: SGLang's chunks and one forward). "
+                    "Needs one device, a dense model and page size 1"),
     SwitchSetting(
         name="diagnostics",
         help=f"lets clients use the diagnostic request keys and values ({diagnostic_summary()}) and select any "

@@ -193,6 +193,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     logger.info("RidgeFill reads SGLang's resolved settings: chunk=%s kv_cache=%s model=%s page_size=%d prefill_backend=%s",
                 chunk, engine.kv_cache_dtype, engine.model_dtype, engine.page_size, engine.prefill_backend)
     from ..gpu_check.census_log import from_environment
+    from .slicing import Slicer
     from .split_state_store import SplitStateStore
 
     rt = RidgeFillRuntime(
@@ -201,6 +202,9 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
         recurrent=recurrent.resources if recurrent is not None else None, census=from_environment(),
         split_states=SplitStateStore(config.split_state_cache_mib * 2**20) if config.split_state_cache_mib else None,
+        slicer=Slicer(slice_rows(config.slice_rows, chunk), allowed=tp is None and not pd_prefill
+                      and not adapter.recurrent_layers and engine.page_size == 1,
+                      sinks=maps is not None and bool(maps.folder.sink)),
     )
     resident = maps.resident_bytes if maps is not None else 0
     streamed = "" if maps is None or maps.residence != "host" else (
@@ -211,7 +215,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
                     "complete; nofill requests run exact; cache mode no_insert")
     logger.info(
         "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s%s policy=%s arm=%s split=%s tail=%s "
-        "cache=%s diagnostics=%s",
+        "cache=%s diagnostics=%s rows per forward while others decode=%s",
         type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
         streamed,
         "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
@@ -219,8 +223,17 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         admitter.effective("split"), admitter.effective("tail"),
         admitter.default_cache_mode(),
         "on" if config.diagnostics else "off",
+        rt.slicer.rows or "(SGLang's chunks)",
     )
     return rt
+
+
+def slice_rows(setting: int | None, chunk: int | None) -> int:
+    """Rows per forward of a RidgeFill prefill while others decode (``slicing.py``): the setting, or an eighth of
+    SGLang's chunked-prefill size (1,024 rows when it does not chunk)."""
+    if setting is not None:
+        return setting
+    return max(1, chunk // 8) if chunk and chunk > 0 else 1024
 
 
 @dataclass(frozen=True)
@@ -289,6 +302,8 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
     if rt.disabled is not None:
         logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", rt.disabled)
         return
+    # The held-back tokens' scratch slots of a sliced sweep come from SGLang's allocator, built by now.
+    rt.slicer.allocator = getattr(runner, "token_to_kv_pool_allocator", None)
     from .warmup import warm_up
 
     try:

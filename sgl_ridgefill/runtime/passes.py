@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .distributed import TensorParallel
     from .fill import Fill
     from .maps_store import MapsStore
+    from .slicing import Slicer
     from .split_state_store import SplitStateStore
 
 # (layer id, first row, last row + 1, sink): capture the queries of rows [lo, hi) of a pass at a layer.
@@ -54,7 +55,8 @@ class PassContext:
 
     ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per group of scattered rows;
     ``tp``: the tensor-parallel group the selection agrees over (``None`` on one device); ``split_states``: the
-    split states earlier requests kept for the cached rows a later one upgrades (``None``: recompute them).
+    split states earlier requests kept for the cached rows a later one upgrades (``None``: recompute them);
+    ``slicer``: the scratch slots of a sliced sweep's held-back tokens (``None``: no sweep is sliced).
     """
 
     adapter: ModelAdapter
@@ -68,6 +70,7 @@ class PassContext:
     tp: TensorParallel | None = None
     recurrent: Any = None  # hybrid models: recurrent.RecurrentResources
     split_states: SplitStateStore | None = None  # reselecting plans: earlier requests' prefix split states
+    slicer: Slicer | None = None  # the second sweep in slices while others decode (``slicing.py``)
 
 
 def plan_batch(backend: Any, fb: ForwardBatch) -> None:
@@ -95,12 +98,20 @@ def _register_captures(ad: ModelAdapter, captures: Sequence[QueryCapture], offse
 def lower_pass(ctx: PassContext, fb: ForwardBatch, i: int, rows: slice, split: int, captures: Sequence[QueryCapture] = ()) -> torch.Tensor:
     """Layers ``0..split-1`` for the batch rows ``rows`` of request ``i`` (its chunk, an ordinary extend
     over its cached prefix); returns ``x_S``: ``[rows, hidden]``."""
+    return lower_pass_of(ctx, fb, i, int(fb.extend_prefix_lens_cpu[i]), fb.input_ids[rows], fb.positions[rows],
+                         fb.out_cache_loc[rows], split, captures)
+
+
+def lower_pass_of(ctx: PassContext, fb: ForwardBatch, i: int, first: int, input_ids: torch.Tensor,
+                  positions: torch.Tensor, out_cache_loc: torch.Tensor, split: int,
+                  captures: Sequence[QueryCapture] = ()) -> torch.Tensor:
+    """Layers ``0..split-1`` for consecutive rows of request ``i`` from position ``first`` (an extend over the
+    ``first`` rows before them, which the request's row of the request-to-token table maps to their slots):
+    ``input_ids``, ``positions``, ``out_cache_loc``: ``[rows]`` on the device. Returns ``x_S``."""
     ad = ctx.adapter
-    n = rows.stop - rows.start
-    p0 = int(fb.extend_prefix_lens_cpu[i])
+    n = int(input_ids.shape[0])
     sub = virtual_subbatch(
-        fb, i, lens=[n], seq_lens=[p0 + n], input_ids=fb.input_ids[rows], positions=fb.positions[rows],
-        out_cache_loc=fb.out_cache_loc[rows],
+        fb, i, lens=[n], seq_lens=[first + n], input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
     )
     handles = _register_captures(ad, captures, [0])
     plan_batch(ctx.backend, sub)

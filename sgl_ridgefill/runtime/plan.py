@@ -60,6 +60,16 @@ class RequestPlan:
                                     value_rescale=self.value_rescale, splice=self.splice, context=self.context) is None
         )
 
+    def streams_tail(self, *, recurrent: bool, sinks: bool) -> bool:
+        """Whether the tail's rows can run every layer in their own chunk (``prefill._stream_tail``): no row of
+        the prefix runs exactly (no selection, no sink rows of the maps' sink rule, no splice), no value
+        rescale, every key visible (not nofill), and no upper recurrent state to carry (``recurrent``: the model
+        has recurrent layers; ``sinks``: the maps have a sink rule)."""
+        return (
+            not recurrent and self.arm != "nofill" and not self.has_selection and self.splice is None
+            and not self.value_rescale and not (sinks and self.arm == "ridgefill")
+        )
+
     @property
     def namespace(self) -> str:
         """Cache namespace for ``cache_mode = namespace``: everything that changes the filled KV, i.e. the

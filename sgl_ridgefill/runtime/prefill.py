@@ -5,7 +5,8 @@ filled from the map; the tail rows' split states are kept; the chunk's rows in a
 their share of its attention statistics. Sweep 2, in the chunk that holds the last prompt token: choose the
 exact rows, then run layers ``S..L-1`` for the exact rows and the whole tail together, layer by layer over
 the filled cache. No tail row reads a row that is about to become exact, whatever the chunk size, because the
-upper layers of the tail only ever run after the selection.
+upper layers of the tail only ever run after the selection. While other requests decode, sweep 2 may instead
+run in slices over the prompt's last chunks, with decode steps between them (``slicing.py``).
 
 The host waits for the device at most once per request, whatever the number of layers, steps, runs and
 chunks: to read the selection's inputs (attention statistics, probe, the sink flags of the maps' sink rule)
@@ -27,11 +28,12 @@ import torch
 
 from ..attention.staging import to_device
 from ..maps.kinds import sink_rows
-from . import passes, recurrent, selection
+from . import passes, recurrent, selection, slicing
 from .corrections import value_rescaler
 from .fill import Fill
 from .host_rows import HostRows
 from .kv import read_kv, write_kv
+from .slicing import SweepTwo
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -58,10 +60,13 @@ def _requirements(st: RequestState) -> tuple:
 
 def _captures_for(st: RequestState, p0: int, n: int, split: int) -> list:
     """Lower-layer query captures for the attention requirements whose windows overlap rows ``[p0, p0+n)``
-    (row indices relative to the chunk)."""
+    (row indices relative to the chunk). None once a sliced sweep has chosen its rows: the held-back tokens'
+    queries were captured in the chunk that chose them."""
     from ..selectors.base import AttentionRequirement
 
     out = []
+    if st.sweep is not None:
+        return out
     for req in _requirements(st):
         if not isinstance(req, AttentionRequirement):
             continue
@@ -128,6 +133,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     split, num_layers = plan.split, ad.shape.num_layers
     p0, n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i])
     big_n, boundary = st.num_tokens, st.boundary
+    st.yielded = False  # others may decode before the next chunk (``slicing.py``)
     rows = slice(row0, row0 + n)
     positions, slots = fb.positions[rows], fb.out_cache_loc[rows]
 
@@ -154,12 +160,54 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         return
     if n_prefix < n:
         st.tail_x[p0 + n_prefix - boundary : p0 + n - boundary] = x_split[n_prefix:]
+    req_slots = ctx.req_to_token[req_row, :big_n]
+    if st.sweep is not None:  # a sliced sweep (``slicing.py``): one slice per chunk, the rest with the last
+        _run_slices(ctx, fb, i, row0, st, hidden, req_slots, everything=p0 + n == big_n)
+        return
     if p0 + n < big_n:
+        if st.held_back and p0 + n == big_n - st.held_back:
+            _hold_back(ctx, res, fb, i, st, req_row)
         return
 
     # Sweep 2: the selection, then exact rows and tail through the upper layers.
+    st.sweep = _choose(ctx, res, fb, i, st, req_slots, sliced=False)
+    _run_slices(ctx, fb, i, row0, st, hidden, req_slots, everything=True)
+
+
+def _hold_back(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, st: RequestState,
+               req_row: int) -> None:
+    """The chunk that ends ``st.held_back`` tokens short of the prompt (``slicing.py``): the held-back tokens'
+    lower layers run into scratch slots, adding their queries' share of the statistics, then the sweep is chosen
+    and cut into slices; their real chunks run the lower layers again into their own slots. Without free slots
+    the sweep runs unsliced in the last chunk, whose tokens then capture their queries as usual."""
+    big_n, k, split = st.num_tokens, st.held_back, st.plan.split
+    scratch = ctx.slicer.scratch(k) if ctx.slicer is not None else None
+    if scratch is None:
+        st.held_back = 0
+        return
+    first = big_n - k
+    try:
+        ctx.req_to_token[req_row, first:big_n] = scratch.to(ctx.req_to_token.dtype)
+        device = fb.input_ids.device
+        ids, pos = to_device(device, st.prompt_ids[first:].to(fb.input_ids.dtype),
+                             torch.arange(first, big_n, dtype=fb.positions.dtype))
+        x = passes.lower_pass_of(ctx, fb, i, first, ids, pos, scratch.to(fb.out_cache_loc.dtype), split,
+                                 _captures_for(st, first, k, split))
+        if st.queries:
+            selection.accumulate_statistics(ctx, st, _requirements(st), ctx.req_to_token[req_row, :big_n], first, k)
+        st.tail_x[first - st.boundary :] = x
+    finally:
+        ctx.slicer.release(scratch)
+    st.sweep = _choose(ctx, res, fb, i, st, ctx.req_to_token[req_row, :big_n], sliced=True)
+
+
+def _choose(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, st: RequestState,
+            req_slots: torch.Tensor, *, sliced: bool) -> SweepTwo:
+    """The selection, and the second sweep's rows with their split states: in one slice, or (``sliced``) in
+    the slices of ``slicing.plan_slices``."""
+    plan = st.plan
+    big_n, boundary = st.num_tokens, st.boundary
     device = fb.input_ids.device
-    req_slots = ctx.req_to_token[req_row, :big_n]
     if plan.splice is not None:
         splice_prefix(ctx, fb, i, st, req_slots)
     probes = {req: run_probe(ctx, fb, i, st, req.rows, req_slots) for req in _requirements(st) if _is_probe(req)}
@@ -173,17 +221,15 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         # can have selected any, so that no rank-local fact decides whether this collective runs.
         exact, agree = ctx.tp.agree_rows(exact)
         st.stats.update(tp_ranks=ctx.tp.size, tp_rows_agree=agree)
-    n_sinks = len(st.sink_rows)
     first_tail = max(boundary, st.start)  # a reused cache may hold the tail's first rows (exact, or the slack)
     tail_pos = torch.arange(first_tail, big_n, dtype=torch.long)
-    tail_x = st.tail_x[first_tail - boundary :]
     cached, new = exact[exact < st.start], exact[exact >= st.start]
     upgrade = _cached_rows_to_upgrade(ctx, st, cached)
-    x_rows = tail_x
+    x_before = st.tail_x[:0]
     if new.numel():
-        x_rows = torch.cat([st.prefix_x.gather(new - st.start), x_rows])
+        x_before = st.prefix_x.gather(new - st.start)
     if upgrade.numel():
-        x_rows = torch.cat([split_states_from_cache(ctx, fb, i, st, upgrade, req_slots), x_rows])
+        x_before = torch.cat([split_states_from_cache(ctx, fb, i, st, upgrade, req_slots), x_before])
     all_pos = torch.cat([upgrade, new, tail_pos])
     visible = None
     if plan.arm == "nofill":
@@ -193,32 +239,66 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
         visible = (shown, to_device(device, shown)[0])
     before_layer = None
     if plan.value_rescale:
-        before_layer = value_rescaler(ctx, fill, st, new, x_rows, slots=req_slots)
+        x_rows = torch.cat([x_before, st.tail_x[first_tail - boundary :]])
+        before_layer = value_rescaler(ctx, Fill(ctx.adapter, ctx.maps if plan.arm == "ridgefill" else None, plan.split),
+                                      st, new, x_rows, slots=req_slots)
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     if recurrence is None:
         _keep_split_states(ctx, st)
         st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
-    out, shape = passes.upper_pass(
-        ctx, fb, i, split, all_pos, st.prompt_ids, x_rows, slots=req_slots, visible=visible, runs_from=first_tail,
-        before_layer=before_layer, recurrence=recurrence,
-    )
+    rows = int(all_pos.numel())
+    if sliced:
+        held_from = int(torch.searchsorted(all_pos, big_n - st.held_back))
+        slices = slicing.plan_slices(rows, held_from, ctx.slicer.rows, st.held_back)
+    else:
+        slices = [slice(0, rows)]
+    return SweepTwo(all_pos, x_before, first_tail, exact, upgrade, new, slices, visible=visible,
+                    before_layer=before_layer, recurrence=recurrence)
+
+
+def _run_slices(ctx: PassContext, fb: ForwardBatch, i: int, row0: int, st: RequestState, hidden: torch.Tensor,
+                req_slots: torch.Tensor, *, everything: bool) -> None:
+    """Run the sweep's next slice (``everything``: every slice left, and finish the prefill: the chunk holds the
+    last prompt token, whose rows get their output in ``hidden``)."""
+    sweep, plan = st.sweep, st.plan
+    while sweep.slices_left:
+        sl = sweep.slices[sweep.done]
+        out, shape = passes.upper_pass(
+            ctx, fb, i, plan.split, sweep.positions[sl], st.prompt_ids, sweep.rows_of(sl, st.tail_x, st.boundary),
+            slots=req_slots, visible=sweep.visible, runs_from=sweep.first_tail, before_layer=sweep.before_layer,
+            recurrence=sweep.recurrence,
+        )
+        sweep.shape = shape if sweep.shape is None else {k: v + shape[k] for k, v in sweep.shape.items()}
+        sweep.done += 1
+        if not everything:
+            return
     # Every tail row of this chunk gets its output (prompt logprobs of the tail; the last row samples).
-    first = max(first_tail, p0)
-    n_before_tail = int(upgrade.numel() + new.numel())
-    hidden[row0 + first - p0 : row0 + n] = out[n_before_tail + first - first_tail :]
+    p0, n, big_n = int(fb.extend_prefix_lens_cpu[i]), int(fb.extend_seq_lens_cpu[i]), st.num_tokens
+    first = max(sweep.first_tail, p0)
+    hidden[row0 + first - p0 : row0 + n] = out[out.shape[0] - (big_n - first) :]
+    _finish(ctx, st, sweep)
+
+
+def _finish(ctx: PassContext, st: RequestState, sweep: SweepTwo) -> None:
+    """The request's prefill is done: its figures, and what later requests may reuse of it."""
+    plan = st.plan
+    big_n, boundary, split, num_layers = st.num_tokens, st.boundary, plan.split, ctx.adapter.shape.num_layers
+    exact, upgrade, new = sweep.exact, sweep.upgrade, sweep.new
     n_new = int(new.numel())
     n_new_prefix = max(boundary - st.start, 0)
     n_filled = n_new_prefix - n_new if plan.arm != "nofill" else 0
     # Against an exact prefill of the rows this request computes: a filled row saves its upper layers, an
     # upgraded row (cached, chosen exact) costs every layer.
     saved = (1 - split / num_layers) * (n_new_prefix - n_new) - int(upgrade.numel())
+    shape = sweep.shape
     st.stats.update(
         prompt=big_n, cached=st.start, filled=n_filled,
-        exact=int(exact.numel()), sinks=n_sinks, tail=big_n - boundary, virtual_requests=shape["virtual_requests"],
-        groups=shape["groups"],
-        upper_steps=shape["steps"],
+        exact=int(exact.numel()), sinks=len(st.sink_rows), tail=big_n - boundary,
+        virtual_requests=shape["virtual_requests"], groups=shape["groups"], upper_steps=shape["steps"],
         saved_fraction=round(saved / max(big_n - st.start, 1), 4),
     )
+    if len(sweep.slices) > 1 or st.held_back:
+        st.stats.update(slices=len(sweep.slices))
     if plan.reselects and st.start > 0:
         st.stats.update(upgraded=int(upgrade.numel()), upgraded_stored=st.stats.upgraded_stored or 0)
     if plan.watch_rows is not None:
@@ -228,10 +308,11 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
             st.stats.update(**selection.watched_rows(plan.watch_rows, now, 0, boundary))
         else:
             st.stats.update(**selection.watched_rows(plan.watch_rows, exact, st.start, boundary))
+    recurrence = sweep.recurrence
     if recurrence is not None and recurrence.rho:
         st.stats.terminal_rho = round(float(torch.cat(list(recurrence.rho.values())).mean()), 4)
-    if visible is not None:
-        st.hidden_keys = ~visible[0][:boundary]
+    if sweep.visible is not None:
+        st.hidden_keys = ~sweep.visible[0][:boundary]
     st.exact_positions = new.tolist()  # host already: the rows row-exact reuse may share as exact
     st.upgraded_positions = upgrade.tolist()
     st.prefill_done = True

@@ -32,6 +32,8 @@ class RequestStats:
     virtual_requests: int | None = None
     groups: int | None = None
     upper_steps: int | None = None
+    slices: int | None = None  # forwards the second sweep ran in, when cut while others decoded (slicing.py)
+    yields: int | None = None  # decode steps the scheduler ran between them
     # Diagnostics.
     watched: int | None = None  # watch_rows in the new prefix (the whole prefix, for a reselecting plan)
     watched_exact: int | None = None  # of those, rows that ran exactly (or the cache held exact)

@@ -19,6 +19,7 @@ from .admission import Admission, Admitter, RequestFacts
 from .distributed import RankFailure
 from .passes import GROUP_SIZE, PassContext, plan_batch
 from .prefill import SelectionResources
+from .slicing import Slicer
 from .exact_rows import ExactRows
 from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
@@ -76,6 +77,7 @@ class RidgeFillRuntime:
         recurrent=None,
         census=None,
         split_states: SplitStateStore | None = None,
+        slicer: Slicer | None = None,
     ):
         self.config = config
         self.adapter = adapter
@@ -90,6 +92,7 @@ class RidgeFillRuntime:
         self.census = census  # gpu_check.census_log.CensusLog when RIDGEFILL_CENSUS names a file, else None
         self.exact_rows = ExactRows()  # namespace mode: which cached rows are exact (row-exact reuse)
         self.split_states = split_states  # reselecting plans: split states of earlier requests' prefix rows
+        self.slicer = slicer if slicer is not None else Slicer(0, allowed=False)  # sweep 2 in slices (slicing.py)
         self._warned: dict[str, float] = {}
 
     @property
@@ -192,6 +195,7 @@ class RidgeFillRuntime:
             tp=self.tp,
             recurrent=self.recurrent,
             split_states=self.split_states,
+            slicer=self.slicer,
         )
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)
@@ -253,14 +257,8 @@ class RidgeFillRuntime:
         hidden[rows] = out if isinstance(out, torch.Tensor) else out[0]
 
     def _streams(self, st: RequestState) -> bool:
-        """Whether ``st``'s tail rows can run every layer in their own chunk (``prefill._stream_tail``): no row
-        of the prefix runs exactly (no selection, no sink rows run exactly, no splice), no value rescale, every
-        key visible (not nofill), and no upper recurrent state to carry (dense models)."""
-        plan = st.plan
-        return (
-            not self.adapter.recurrent_layers and plan.arm != "nofill" and not plan.has_selection
-            and plan.splice is None and not plan.value_rescale and not (self._sinks() and plan.arm == "ridgefill")
-        )
+        """Whether ``st``'s tail rows can run every layer in their own chunk (``RequestPlan.streams_tail``)."""
+        return st.plan.streams_tail(recurrent=bool(self.adapter.recurrent_layers), sinks=self._sinks())
 
     def _recurrent_sinks(self, st: RequestState) -> bool:
         """Whether ``st``'s fill runs sink rows exactly on a model with recurrent (Gated DeltaNet) layers."""

@@ -91,6 +91,11 @@ class RequestState:
     # numpy, noted at the first chunk), and the cached rows this request made exact in place.
     cached_exact_mask: Any = None
     upgraded_positions: list[int] = field(default_factory=list)
+    # Sweep 2 in slices (``slicing.py``): tokens held back from the last chunk (0: none), the chosen sweep not
+    # yet all run (``slicing.SweepTwo``), and whether the scheduler has let others decode since its last slice.
+    held_back: int = 0
+    sweep: Any = None
+    yielded: bool = False
 
     def row_keys(self, token_ids) -> Any:
         """The keys of the rows of ``token_ids`` (the prompt, then any output) in this plan's namespace."""
@@ -169,7 +174,7 @@ class RequestState:
         self.run_exact(reason)
 
     def free_buffers(self) -> None:
-        self.tail_x = self.prefix_x = self.context = None
+        self.tail_x = self.prefix_x = self.context = self.sweep = None
         self.sink_flags = []
         self.queries.clear()
         self.attention.clear()
@@ -258,7 +263,7 @@ class LiveRequests:
                     self._refs.pop(req.rid, None)
                     continue
                 if not st.bound:
-                    st.bind(req.origin_input_ids, _logprob_start(req))
+                    st.bind(req.origin_input_ids, prompt_logprob_start(req))
                     if st.exact_reason is not None:
                         report(req, st.summary())
                 self._refs[req.rid] = weakref.ref(req)
@@ -316,7 +321,7 @@ class LiveRequests:
             return sum(1 for ref in self._refs.values() if ref() is not None)
 
 
-def _logprob_start(req) -> int | None:
+def prompt_logprob_start(req) -> int | None:
     """The first prompt row whose logprob the request wants, or ``None`` when it wants none but the last."""
     if not getattr(req, "return_logprob", False):
         return None
