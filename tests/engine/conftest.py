@@ -63,6 +63,40 @@ def tiny_models(tmp_path_factory):
     return get
 
 
+# The engine tests' attention selection: 10 % of the prefix by the attention of the last Q prompt tokens in
+# layers 0 and 1 (``attention_policy``), and the rows it must choose (``attention_rows``).
+Q = 8
+ATTENTION_SELECT = f"attention_topk(q={Q}, share=10%, layers=[0, 1])"
+
+
+def attention_policy(name: str, *, tail: int, select: str = ATTENTION_SELECT) -> str:
+    """A ``.rfpolicy`` text at the engine tests' split and the given tail."""
+    return f"""
+policy "{name}" {{
+  arm ridgefill
+  split {SPLIT}
+  tail {tail}
+  select {select}
+}}
+"""
+
+
+def attention_rows(model: TinyModel, ids: list[int], *, tail: int) -> list[int]:
+    """The prefix rows :data:`ATTENTION_SELECT` chooses for ``ids``, from the PyTorch reference."""
+    n = len(ids)
+    scores = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(n - Q, n))[: n - tail]
+    return sorted(torch.topk(scores, round(0.10 * (n - tail))).indices.tolist())
+
+
+def policy_env(model: TinyModel, tmp_path_factory, name: str, text: str, **variables: str) -> dict:
+    """The ``RIDGEFILL_*`` environment of an engine serving the policy ``text`` (written to a temporary file
+    ``name.rfpolicy``) with ``model``'s maps; ``variables``: more variables (``RIDGEFILL_DIAGNOSTICS="1"``)."""
+    path = tmp_path_factory.mktemp(name) / f"{name}.rfpolicy"
+    path.write_text(text)
+    return {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir),
+            "RIDGEFILL_POLICY": str(path), **variables}
+
+
 def assert_top_close(got: dict, expected: list[tuple[float, int]], atol: float = 2e-3) -> None:
     assert "error" not in got, got.get("error")
     got_top = got["top"]

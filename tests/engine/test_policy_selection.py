@@ -12,32 +12,18 @@ import pytest
 import torch
 
 from sgl_ridgefill.selectors.registry import random_rows
-from tests.engine.conftest import SPLIT, assert_top_close
+from tests.engine.conftest import SPLIT, assert_top_close, attention_policy, attention_rows, policy_env
 from tests.support.engines import cpu_engine_kwargs, prompt, run_engine
 from tests.support.engines import request as make_request
 
 pytestmark = pytest.mark.engine
-TAIL, N, Q, PROBE = 20, 150, 8, 8
+TAIL, N, PROBE = 20, 150, 8
 BOUNDARY = N - TAIL
 COUNT = round(0.10 * BOUNDARY)
 
 POLICIES = {
-    "attention": f"""
-policy "tiny-attention" {{
-  arm ridgefill
-  split {SPLIT}
-  tail {TAIL}
-  select attention_topk(q={Q}, share=10%, layers=[0, 1])
-}}
-""",
-    "probe": f"""
-policy "tiny-probe" {{
-  arm ridgefill
-  split {SPLIT}
-  tail {TAIL}
-  select top(probe(rows={PROBE}), 10%)
-}}
-""",
+    "attention": attention_policy("tiny-attention", tail=TAIL),
+    "probe": attention_policy("tiny-probe", tail=TAIL, select=f"top(probe(rows={PROBE}), 10%)"),
 }
 
 
@@ -46,10 +32,7 @@ policy "tiny-probe" {{
                                         for name in sorted(POLICIES)])
 def run(request, tiny_models, tmp_path_factory):
     model = tiny_models("llama")
-    path = tmp_path_factory.mktemp("policy") / f"{request.param}.rfpolicy"
-    path.write_text(POLICIES[request.param])
-    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir), "RIDGEFILL_POLICY": str(path),
-           "RIDGEFILL_DIAGNOSTICS": "1"}
+    env = policy_env(model, tmp_path_factory, request.param, POLICIES[request.param], RIDGEFILL_DIAGNOSTICS="1")
     prompts = [prompt(60 + s, N) for s in range(3)]
     steps = [make_request(p, {}) for p in prompts[:2]] + [make_request(prompts[2], {"control": "random", "seed": 5})]
     return request.param, model, prompts, run_engine(cpu_engine_kwargs(model.path), steps, env)
@@ -57,9 +40,8 @@ def run(request, tiny_models, tmp_path_factory):
 
 def _selected(kind, model, ids) -> list[int]:
     if kind == "attention":
-        scores = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(N - Q, N))[:BOUNDARY]
-    else:
-        scores = model.ref.probe_scores(ids, split=SPLIT, tail=TAIL, rows=PROBE, maps=model.maps)
+        return attention_rows(model, ids, tail=TAIL)
+    scores = model.ref.probe_scores(ids, split=SPLIT, tail=TAIL, rows=PROBE, maps=model.maps)
     return sorted(torch.topk(scores, COUNT).indices.tolist())
 
 

@@ -10,33 +10,19 @@ attention chooses. Alone, the same request runs its sweep in one forward.
 from __future__ import annotations
 
 import pytest
-import torch
-
-from tests.engine.conftest import SPLIT, assert_top_close
+from tests.engine.conftest import SPLIT, assert_top_close, attention_policy, attention_rows, policy_env
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
 pytestmark = pytest.mark.engine
-TAIL, N, Q = 20, 150, 8
-POLICY = f"""
-policy "tiny-attention" {{
-  arm ridgefill
-  split {SPLIT}
-  tail {TAIL}
-  select attention_topk(q={Q}, share=10%, layers=[0, 1])
-}}
-"""
-
-
+TAIL, N = 20, 150
+POLICY = attention_policy("tiny-attention", tail=TAIL)
 CHUNK = 160
 
 
 @pytest.fixture(scope="module")
 def run(tiny_models, tmp_path_factory):
     model = tiny_models("llama")
-    path = tmp_path_factory.mktemp("slicing") / "attention.rfpolicy"
-    path.write_text(POLICY)
-    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir),
-           "RIDGEFILL_POLICY": str(path), "RIDGEFILL_SLICE_ROWS": "16"}
+    env = policy_env(model, tmp_path_factory, "slicing", POLICY, RIDGEFILL_SLICE_ROWS="16")
     chunked, fits, alone = prompt(70, 2 * N), prompt(71, N), prompt(72, N)
     steps = [
         # The short exact request decodes while the long one's later chunks prefill.
@@ -50,12 +36,6 @@ def run(tiny_models, tmp_path_factory):
                    "decoding": (None, results[0]), "decoding_too": (None, results[2])}
 
 
-def _selected(model, ids) -> list[int]:
-    n = len(ids)
-    scores = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(n - Q, n))[: n - TAIL]
-    return sorted(torch.topk(scores, round(0.10 * (n - TAIL))).indices.tolist())
-
-
 @pytest.mark.parametrize("case", ["chunked", "fits"])
 def test_a_sliced_sweep_answers_as_the_unsliced_one(run, case):
     """In a later chunk of a long prompt, or in the first chunk of one that would fit whole."""
@@ -63,7 +43,7 @@ def test_a_sliced_sweep_answers_as_the_unsliced_one(run, case):
     ids, got = by_case[case]
     meta = got["ridgefill"]
     assert meta["slices"] > 1 and meta["yields"] >= 1, meta  # it did slice, with decode steps between
-    rows = _selected(model, ids)
+    rows = attention_rows(model, ids, tail=TAIL)
     assert meta["exact"] == len(rows)
     assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, exact_rows=rows))
     plain = model.expected_top(ids, split=SPLIT, tail=TAIL)  # and not just any rows
@@ -82,4 +62,4 @@ def test_alone_the_sweep_runs_in_one_forward(run):
     model, by_case = run
     ids, got = by_case["alone"]
     assert "slices" not in got["ridgefill"] and "yields" not in got["ridgefill"]
-    assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, exact_rows=_selected(model, ids)))
+    assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, exact_rows=attention_rows(model, ids, tail=TAIL)))

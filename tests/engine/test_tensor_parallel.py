@@ -21,7 +21,7 @@ import requests
 import torch
 
 from sgl_ridgefill.cpu.parallel import Layout, parallel_environment, tp_engine_kwargs
-from tests.engine.conftest import SPLIT, assert_top_close
+from tests.engine.conftest import ATTENTION_SELECT, SPLIT, assert_top_close, attention_policy, attention_rows, policy_env
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 from tests.support.server import cpu_server
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.engine
 # The TP=2 engines take 2.5 minutes here: outside CI's time budget (run with -m slow);
 # tests/runtime/test_distributed.py runs the collectives on two ranks in CI.
 TP_ENGINES = pytest.mark.slow
-TAIL, N, Q, PROBE = 20, 150, 8, 8
+TAIL, N, PROBE = 20, 150, 8
 BOUNDARY = N - TAIL
 COUNT = round(0.10 * BOUNDARY)
 NO_ROWS = 10**6  # exact_every beyond the prompt: the plain arm, no exact rows (the server policy selects)
@@ -37,14 +37,7 @@ TP_ENV = parallel_environment(Layout(tp_size=2), base={})
 # The KV pool is capped by max_total_tokens; a larger fraction only tolerates other processes on a shared
 # machine taking memory while the weights load (SGLang checks the drop against this fraction).
 MEM = dict(mem_fraction_static=0.2)
-POLICY = f"""
-policy "tiny-tp" {{
-  arm ridgefill
-  split {SPLIT}
-  tail {TAIL}
-  select attention_topk(q={Q}, share=10%, layers=[0, 1]) | top(probe(rows={PROBE}), 10%)
-}}
-"""
+POLICY = attention_policy("tiny-tp", tail=TAIL, select=f"{ATTENTION_SELECT} | top(probe(rows={PROBE}), 10%)")
 
 
 def _cases():
@@ -84,10 +77,7 @@ def _flatten(cases):
 @pytest.fixture(scope="module")
 def runs(tiny_models, tmp_path_factory):
     model = tiny_models("llama")
-    policy = tmp_path_factory.mktemp("tp") / "tiny-tp.rfpolicy"
-    policy.write_text(POLICY)
-    rf_env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir),
-              "RIDGEFILL_POLICY": str(policy), "RIDGEFILL_DIAGNOSTICS": "1"}
+    rf_env = policy_env(model, tmp_path_factory, "tiny-tp", POLICY, RIDGEFILL_DIAGNOSTICS="1")
     cases = _cases()
     steps = [step for _, step, _ in cases] + _off_steps({"enabled": False})
     names = [name for name, _ in _flatten(cases)]
@@ -108,9 +98,8 @@ def tp1(runs):
 
 
 def _policy_rows(model, ids, arm: str = "ridgefill") -> list[int]:
-    attention = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(N - Q, N))[:BOUNDARY]
     probe = model.ref.probe_scores(ids, split=SPLIT, tail=TAIL, rows=PROBE, arm=arm, maps=model.maps)
-    return sorted(set(torch.topk(attention, COUNT).indices.tolist()) | set(torch.topk(probe, COUNT).indices.tolist()))
+    return sorted(set(attention_rows(model, ids, tail=TAIL)) | set(torch.topk(probe, COUNT).indices.tolist()))
 
 
 def _oracle_kwargs(model, expect) -> dict:

@@ -15,21 +15,14 @@ import pytest
 from sgl_ridgefill.runtime.runtime import GROUP_SIZE
 from sgl_ridgefill.runtime.selection import every_kth_row
 from sgl_ridgefill.selectors.registry import random_rows
-from tests.engine.conftest import SPLIT, assert_decode_matches, assert_top_close
+from tests.engine.conftest import SPLIT, assert_decode_matches, assert_top_close, attention_policy, attention_rows, policy_env
 from tests.support.engines import cpu_engine_kwargs, prompt, request, run_engine
 
 pytestmark = pytest.mark.engine
-TAIL, N, CHUNK, Q = 20, 150, 64, 8
+TAIL, N, CHUNK = 20, 150, 64
 BOUNDARY = N - TAIL
 INTERPRETER = {"TRITON_INTERPRET": "1"}
-POLICY = f"""
-policy "triton-attention" {{
-  arm ridgefill
-  split {SPLIT}
-  tail {TAIL}
-  select attention_topk(q={Q}, share=10%, layers=[0, 1])
-}}
-"""
+POLICY = attention_policy("triton-attention", tail=TAIL)
 
 
 def plain(**kw) -> dict:
@@ -69,10 +62,7 @@ def _flatten(cases):
 @pytest.fixture(scope="module")
 def run(tiny_models, tmp_path_factory):
     model = tiny_models("llama")
-    policy = tmp_path_factory.mktemp("triton") / "attention.rfpolicy"
-    policy.write_text(POLICY)
-    env = {"RIDGEFILL_PREFILL_BACKEND": "ridgefill", "RIDGEFILL_MAPS": str(model.maps_dir),
-           "RIDGEFILL_POLICY": str(policy), "RIDGEFILL_DIAGNOSTICS": "1", **INTERPRETER}
+    env = policy_env(model, tmp_path_factory, "triton", POLICY, RIDGEFILL_DIAGNOSTICS="1", **INTERPRETER)
     cases = _cases()
     engine = cpu_engine_kwargs(model.path, attention_backend="triton", chunked_prefill_size=CHUNK)
     results = run_engine(engine, [step for _, step, _ in cases], env)
@@ -96,13 +86,10 @@ def test_matches_reference(run, case):
 
 
 def test_attention_selected_rows_are_the_exact_rows(run):
-    import torch
-
     model, by_name = run
     expect, got = by_name["attention_topk"]
     ids = expect["ids"]
-    scores = model.ref.attention_received(ids, layers=(0, 1), q_rows=range(N - Q, N))[:BOUNDARY]
-    rows = sorted(torch.topk(scores, round(0.10 * BOUNDARY)).indices.tolist())
+    rows = attention_rows(model, ids, tail=TAIL)
     assert_top_close(got, model.expected_top(ids, split=SPLIT, tail=TAIL, exact_rows=rows))
     assert got["ridgefill"]["exact"] == len(rows)
 
