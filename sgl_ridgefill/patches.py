@@ -9,8 +9,8 @@ hybrids that would reach Triton or CUDA on CPU tensors. Only when ``--prefill-ba
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
-radix-cache match bound of namespace requests; the scheduler's prefill deferral and chunk sizes (a sliced
-second sweep); the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
+radix-cache match bound of namespace requests; the scheduler's prefill deferral and chunk sizes (short
+forwards while others decode); the per-batch CUDA-graph gates; ``meta_info["ridgefill"]``
 summaries; the weight-update guard; and, on a PD prefill worker, the held-back KV sends, the descriptor in
 the metadata and the decode worker's prefix. Each hook's docstring says what SGLang does there, what
 RidgeFill changes, and why; each is one row of :data:`HOOKS`. SGLang logs and swallows plugin errors, so
@@ -339,9 +339,10 @@ def around_release_kv_cache(original, req: Any, tree_cache: Any, *args: Any, **k
 
 def around_should_defer_prefill(original, scheduler: Any, running_batch: Any, *args: Any, **kwargs: Any) -> bool:
     """AROUND ``Scheduler._should_defer_prefill(running_batch)``: SGLang skips a round's prefill, so that the
-    running batch decodes, under ``--prefill-decode-interval``; RidgeFill also skips it once between two slices
-    of a request's second sweep while others decode (``runtime/slicing.py``), so their next tokens wait for one
-    slice, not the whole sweep; and it notes whether any request decodes, for the chunk limits below."""
+    running batch decodes, under ``--prefill-decode-interval``; RidgeFill also skips it once after each forward
+    of a chunked request with a second sweep while others decode (``runtime/slicing.py``), so their next tokens
+    wait for one short forward, not the whole prefill; and it notes whether any request decodes, for the chunk
+    limits below."""
     from .runtime.runtime import get_runtime
 
     deferred = original(scheduler, running_batch, *args, **kwargs)
@@ -353,10 +354,11 @@ def around_should_defer_prefill(original, scheduler: Any, running_batch: Any, *a
 
 def around_add_chunked_req(original, adder: Any, req: Any, *args: Any, **kwargs: Any):
     """AROUND ``PrefillAdder.add_chunked_req(req)``: SGLang sizes the next chunk of the request it prefills in
-    chunks, within ``chunked_req_limit`` when set; RidgeFill lowers that limit while the request's second sweep
-    is sliced: its last chunk ends a few tokens short of the prompt, then one token per slice
-    (``runtime/slicing.py``). A chunk it cuts short takes the batch's whole budget, as a stock chunk that does
-    not end its prompt does, so no second request starts chunked prefill beside it."""
+    chunks, within ``chunked_req_limit`` when set; for a request with a second sweep while others decode,
+    RidgeFill lowers that limit to ``--ridgefill-slice-rows``, ends the chunk that would end the prompt a few
+    tokens short, then gives one token to each slice of the sweep (``runtime/slicing.py``). A chunk it cuts
+    short takes the batch's whole budget, as a stock chunk that does not end its prompt does, so no second
+    request starts chunked prefill beside it."""
     from .runtime.runtime import get_runtime
 
     rt = get_runtime()
@@ -373,10 +375,10 @@ def around_add_chunked_req(original, adder: Any, req: Any, *args: Any, **kwargs:
 
 def around_add_one_req(original, adder: Any, req: Any, *args: Any, **kwargs: Any):
     """AROUND ``PrefillAdder.add_one_req(req, ...)``: SGLang admits a waiting request into the prefill batch,
-    whole or as the first chunk of a chunked prefill; RidgeFill cuts a selecting request whose prompt would fit
-    whole a few tokens short while others decode, so that its second sweep runs in slices over the next chunks
-    (``runtime/slicing.py``). It then takes the batch's whole budget, as any first chunk that does not end its
-    prompt does."""
+    whole or as the first chunk of a chunked prefill; for a request with a second sweep while others decode,
+    RidgeFill cuts that chunk to ``--ridgefill-slice-rows`` tokens, or, when it would end the prompt, a few
+    tokens short of it, so that the sweep runs in slices over the next chunks (``runtime/slicing.py``). A chunk
+    it cuts takes the batch's whole budget, as any first chunk that does not end its prompt does."""
     from .runtime.runtime import get_runtime
 
     rt = get_runtime()

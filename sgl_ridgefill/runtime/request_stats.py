@@ -33,7 +33,7 @@ class RequestStats:
     groups: int | None = None
     upper_steps: int | None = None
     slices: int | None = None  # forwards the second sweep ran in, when cut while others decoded (slicing.py)
-    yields: int | None = None  # decode steps the scheduler ran between them
+    yields: int | None = None  # decode steps of other requests the scheduler ran between this prefill's forwards
     # Diagnostics.
     watched: int | None = None  # watch_rows in the new prefix (the whole prefix, for a reselecting plan)
     watched_exact: int | None = None  # of those, rows that ran exactly (or the cache held exact)

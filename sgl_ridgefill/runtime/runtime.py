@@ -92,7 +92,7 @@ class RidgeFillRuntime:
         self.census = census  # gpu_check.census_log.CensusLog when RIDGEFILL_CENSUS names a file, else None
         self.exact_rows = ExactRows()  # namespace mode: which cached rows are exact (row-exact reuse)
         self.split_states = split_states  # reselecting plans: split states of earlier requests' prefix rows
-        self.slicer = slicer if slicer is not None else Slicer(0, allowed=False)  # sweep 2 in slices (slicing.py)
+        self.slicer = slicer if slicer is not None else Slicer(0, allowed=False)  # short forwards (slicing.py)
         self._warned: dict[str, float] = {}
 
     @property

@@ -91,8 +91,9 @@ class RequestState:
     # numpy, noted at the first chunk), and the cached rows this request made exact in place.
     cached_exact_mask: Any = None
     upgraded_positions: list[int] = field(default_factory=list)
-    # Sweep 2 in slices (``slicing.py``): tokens held back from the last chunk (0: none), the chosen sweep not
-    # yet all run (``slicing.SweepTwo``), and whether the scheduler has let others decode since its last slice.
+    # Short forwards while others decode (``slicing.py``): tokens held back from the last chunk (0: none), the
+    # chosen sweep not yet all run (``slicing.SweepTwo``), and whether the scheduler has let others decode since
+    # the request's last forward.
     held_back: int = 0
     sweep: Any = None
     yielded: bool = False
