@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
+import shlex
 import sys
 import tempfile
 import time
@@ -50,6 +51,8 @@ def add_subparser(subparsers) -> None:
     src.add_argument("--retract-every", type=int, default=None, metavar="N",
                      help="the RidgeFill server retracts running decode requests every N-th forward (SGLang's own "
                      "SGLANG_TEST_RETRACT knob; it always keeps one running), so retraction happens whatever the pool")
+    src.add_argument("--ridgefill-flags", type=shlex.split, default=[], metavar="FLAGS",
+                     help="more flags for the RidgeFill server it starts, one string (e.g. '--ridgefill-slice-rows 0')")
     src.add_argument("--url", default=None, help="a running RidgeFill server (started with the flags the soak uses)")
     src.add_argument("--stock-url", default=None, help="a running stock server on the same model (needed with --url)")
     work = p.add_argument_group("workload")
@@ -77,9 +80,10 @@ def _check_args(args) -> None:
     if args.max_total_tokens is not None and args.max_total_tokens < args.context_length:
         raise SystemExit(f"sgl-ridgefill soak: --max-total-tokens {args.max_total_tokens} is below --context-length "
                          f"{args.context_length}: the longest prompt would never fit")
-    if args.url and (args.max_total_tokens is not None or args.cache_mode != "no_insert" or args.retract_every):
-        raise SystemExit("sgl-ridgefill soak: --max-total-tokens, --cache-mode and --retract-every configure the "
-                         "servers it starts; with --url, start yours with them")
+    if args.url and (args.max_total_tokens is not None or args.cache_mode != "no_insert" or args.retract_every
+                     or args.ridgefill_flags):
+        raise SystemExit("sgl-ridgefill soak: --max-total-tokens, --cache-mode, --retract-every and --ridgefill-flags "
+                         "configure the servers it starts; with --url, start yours with them")
     if args.retract_every is not None and args.retract_every < 1:
         raise SystemExit("sgl-ridgefill soak: --retract-every must be at least 1")
     if args.fuzz < 0:
@@ -96,6 +100,7 @@ def environment(served, args) -> dict:
         "model_path": str(served.model), "maps": str(served.maps), "split": served.split, "tail": served.tail,
         "chunked_prefill_size": args.chunk, "context_length": args.context_length,
         "max_total_tokens": args.max_total_tokens, "cache_mode": args.cache_mode, "retract_every": args.retract_every,
+        "ridgefill_flags": list(args.ridgefill_flags),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "server_threads": int(cpu_environment().get("OMP_NUM_THREADS", "0")),
         "client_threads": args.clients, "torch": torch.__version__,
@@ -130,7 +135,8 @@ def _main(args) -> int:
             pool = args.max_total_tokens or POOL_TOKENS
             rf_proc, stock_proc = stack.enter_context(local_servers(served, workdir, args.chunk, args.context_length,
                                                                     pool=pool, cache_mode=args.cache_mode,
-                                                                    retract_every=args.retract_every))
+                                                                    retract_every=args.retract_every,
+                                                                    extra=args.ridgefill_flags))
             rf = Target(rf_proc.url, rf_proc, rf_proc.log_path)
             stock = Target(stock_proc.url, stock_proc, stock_proc.log_path)
         cfg = SoakConfig(requests=args.requests, clients=args.clients, seed=args.seed, fuzz=args.fuzz, shape=shape,

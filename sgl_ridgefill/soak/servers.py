@@ -15,7 +15,7 @@ import contextlib
 import json
 import pathlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..cpu.environment import cpu_environment
@@ -82,6 +82,9 @@ def write_soak_policy(path: pathlib.Path, split: int, tail: int) -> pathlib.Path
 POOL_TOKENS = 16384  # --max-total-tokens of both servers unless the soak asks for a smaller pool
 
 
+SPLIT_STATE_CACHE_MIB = 4  # the RidgeFill server's --ridgefill-split-state-cache-mib
+
+
 def common_flags(served: ServedModel, chunk: int, context_length: int, pool: int = POOL_TOKENS) -> list[str]:
     dtype = "float32" if served.tiny else "bfloat16"
     return ["--model-path", str(served.model), "--dtype", dtype, "--context-length", str(context_length),
@@ -90,30 +93,35 @@ def common_flags(served: ServedModel, chunk: int, context_length: int, pool: int
 
 
 def ridgefill_flags(served: ServedModel, policy_file: pathlib.Path, chunk: int, context_length: int,
-                    pool: int = POOL_TOKENS, cache_mode: str = "no_insert") -> list[str]:
+                    pool: int = POOL_TOKENS, cache_mode: str = "no_insert", extra: Sequence[str] = ()) -> list[str]:
+    """The RidgeFill server's flags: the stock server's, RidgeFill's settings, then ``extra``."""
     settings = {
         "prefill_backend": "ridgefill", "maps": str(served.maps), "split": served.split, "tail": served.tail,
         "cache_mode": cache_mode,  # the server's flag beats its policy's cache mode; a named policy beats both
         "policy": str(policy_file), "diagnostics": True, "request_policies": ("all",),
+        # A store that fills within the first requests and then evicts: the RSS check then sees leaks, not a
+        # bounded cache growing towards its default 1 GiB.
+        "split_state_cache_mib": SPLIT_STATE_CACHE_MIB,
     }
-    return common_flags(served, chunk, context_length, pool) + cli_flags(settings)
+    return common_flags(served, chunk, context_length, pool) + cli_flags(settings) + list(extra)
 
 
 @contextlib.contextmanager
 def local_servers(served: ServedModel, workdir: pathlib.Path, chunk: int, context_length: int,
                   timeout: float = 900, pool: int = POOL_TOKENS, cache_mode: str = "no_insert",
-                  retract_every: int | None = None) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+                  retract_every: int | None = None, extra: Sequence[str] = ()) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """Start the RidgeFill and the stock server side by side (logs in ``workdir``); yield both, stop both.
     ``pool``: both servers' KV pool in tokens (small: cached prefixes are evicted); ``cache_mode``: the RidgeFill
     server's ``--ridgefill-cache-mode``; ``retract_every``: the RidgeFill server retracts running decode
     requests every that many forwards (SGLang's ``SGLANG_TEST_RETRACT``, which keeps at least one running, so
-    a request alone is never retracted and the one-at-a-time replays stay comparable bit for bit)."""
+    a request alone is never retracted and the one-at-a-time replays stay comparable bit for bit); ``extra``:
+    more flags for the RidgeFill server."""
     policy = write_soak_policy(workdir / f"{NAMESPACE_POLICY}.rfpolicy", served.split, served.tail)
     env = {k: v for k, v in cpu_environment().items() if not k.startswith("RIDGEFILL_")}
     rf_env = dict(env)
     if retract_every is not None:
         rf_env.update(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL=str(retract_every))
-    rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length, pool, cache_mode),
+    rf = ServerProcess(ridgefill_flags(served, policy, chunk, context_length, pool, cache_mode, extra),
                        log_path=workdir / "ridgefill-server.log", env=rf_env)
     stock = ServerProcess(common_flags(served, chunk, context_length, pool), log_path=workdir / "stock-server.log",
                           env=env)

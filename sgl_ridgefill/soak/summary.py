@@ -63,6 +63,7 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
     by_index = {job.index: job for job in jobs}
     by_status: dict[str, int] = {}
     ran = {"true": 0, "false": 0}
+    cut = {"requests": 0, "sliced": 0, "yields": 0}  # prefills in short forwards while others decoded
     tags: dict[str, int] = {}
     sent_kinds: dict[str, int] = {}
     problems = []
@@ -74,6 +75,10 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
         meta = out.meta.get("ridgefill")
         if isinstance(meta, dict) and isinstance(meta.get("ran"), bool):
             ran["true" if meta["ran"] else "false"] += 1
+            if meta.get("yields") or meta.get("slices"):
+                cut["requests"] += 1
+                cut["sliced"] += int(bool(meta.get("slices")))
+                cut["yields"] += int(meta.get("yields") or 0)
         why = unexpected(job, out)
         if why is not None:
             problems.append({"request": f"job {out.job} call {out.call} ({out.kind})", "problem": why})
@@ -88,7 +93,8 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "by_status": dict(sorted(by_status.items())), "5xx": len(server_errors),
             "first_5xx": [{"request": f"job {o.job} call {o.call} ({o.kind})", "status": o.status, "error": o.error}
                           for o in server_errors[:SHOWN]],
-            "ridgefill_ran": ran, "unexpected": len(problems), "first_unexpected": problems[:SHOWN],
+            "ridgefill_ran": ran, "ridgefill_short_forwards": cut, "unexpected": len(problems),
+            "first_unexpected": problems[:SHOWN],
         },
     }
 

@@ -45,6 +45,14 @@ def test_tally_counts_statuses_kinds_and_5xx():
     assert out["responses"]["ridgefill_ran"] == {"true": 0, "false": 1}
 
 
+def test_tally_counts_prefills_in_short_forwards():
+    job = Job(0, "k", (CALL, CALL, CALL))
+    metas = [{"ran": True, "slices": 3, "yields": 4}, {"ran": True, "yields": 2}, {"ran": True}]
+    outcomes = [Outcome(0, j, "k", status=200, response={"meta_info": {"ridgefill": m}}) for j, m in enumerate(metas)]
+    cut = tally([job], outcomes)["responses"]["ridgefill_short_forwards"]
+    assert cut == {"requests": 2, "sliced": 1, "yields": 6}
+
+
 def test_exact_cases_and_what_must_run_exactly():
     job = Job(0, "k", (CALL, Call((1, 2, 3), 2, {}), Call((1, 2, 3), 2, {})))
     outcomes = [_ok(0, 0, ran=True), _ok(0, 1), _ok(0, 2, ran=True)]
