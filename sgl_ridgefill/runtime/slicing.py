@@ -127,8 +127,8 @@ class Slicer:
     def chunk_limit(self, req: Any, budget: int) -> int | None:
         """The most tokens the next chunk of SGLang's ``req`` may take, of the ``budget`` left in the batch
         (``None``: no limit of RidgeFill's). While others decode: ``rows``; and a selecting plan's chunk that
-        would end the prompt (or leave at most :data:`HELD_BACK` tokens) ends :data:`HELD_BACK` tokens short, then one token per slice of its sweep, and the
-        rest with the last slice."""
+        would end the prompt (or leave at most :data:`HELD_BACK` tokens) ends :data:`HELD_BACK` tokens short,
+        then one token per slice of its sweep, and the rest with the last slice."""
         st = self._sweeping(req)
         if st is None:
             return None
@@ -144,21 +144,18 @@ class Slicer:
 
     def _sweeping(self, req: Any) -> RequestState | None:
         """The state of ``req`` when it is a RidgeFill request with a second sweep (a plan whose tail streams
-        runs no forward longer than a stock chunk of the same rows: SGLang's chunks suit it)."""
+        runs no forward longer than a stock chunk of the same rows: SGLang's chunks suit it) that wants no
+        prompt logprobs (those need the prompt in one chunk: cut, it would run exactly)."""
+        from .state import prompt_logprob_start
+
         st = _state(req)
         if st is None or not self.rows or st.plan.streams_tail(recurrent=False, sinks=self.sinks):
             return None
-        return st
+        return st if prompt_logprob_start(req) is None else None
 
     def _may_hold_back(self, st: RequestState, req: Any, n: int, done: int) -> bool:
-        """More than :data:`HELD_BACK` tokens are left and in the tail, scratch slots can be had, and the
-        request wants no prompt logprobs (those need the prompt in one chunk)."""
-        from .state import prompt_logprob_start
-
-        return (
-            self.allocator is not None and n - done > HELD_BACK and n > st.plan.tail > HELD_BACK
-            and prompt_logprob_start(req) is None and sliceable(st)
-        )
+        """More than :data:`HELD_BACK` tokens are left and in the tail, and scratch slots can be had."""
+        return self.allocator is not None and n - done > HELD_BACK and n > st.plan.tail > HELD_BACK and sliceable(st)
 
     def scratch(self, count: int) -> torch.Tensor | None:
         """``count`` free KV slots for one forward (give them back with :meth:`release`), or ``None``."""

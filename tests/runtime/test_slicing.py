@@ -174,7 +174,10 @@ def test_a_first_chunk_that_would_end_the_prompt_is_cut_short_too():
     wants_logprobs = types.SimpleNamespace(prefix_len=0, origin_input_ids=list(range(N)), return_logprob=True,
                                            logprob_start_len=N - 10)
     setattr(wants_logprobs, ATTR, RequestState(plan=st.plan))
-    assert slicer.chunk_limit(wants_logprobs, 4096) == N  # prompt logprobs need the prompt in one chunk
+    assert slicer.chunk_limit(wants_logprobs, 4096) is None  # prompt logprobs need the prompt in one chunk
+    small = _slicer(64)
+    small.defer(None, _Batch(1))
+    assert small.chunk_limit(wants_logprobs, 4096) is None  # not even cut to the rows per forward
     short = types.SimpleNamespace(prefix_len=0, origin_input_ids=list(range(TAIL)))
     setattr(short, ATTR, RequestState(plan=st.plan))
     assert slicer.chunk_limit(short, 4096) == TAIL  # no longer than its tail: it runs exactly
