@@ -33,6 +33,12 @@ class Fill:
         self.split = split
         self.kind: MapKind | None = maps.kind if maps is not None else None
 
+    @classmethod
+    def of_plan(cls, adapter: ModelAdapter, maps: MapsStore | None, plan) -> Fill:
+        """The fill a request's plan runs: its arm's (the maps for ``ridgefill``, the identity otherwise) at
+        its split."""
+        return cls(adapter, maps if plan.arm == "ridgefill" else None, plan.split)
+
     def features(self, x_split: torch.Tensor, state: ContextState | None = None) -> tuple[torch.Tensor, ContextState | None]:
         """The maps' features of consecutive rows (``[rows, d_in]``, in ``x_split``'s dtype) and the context
         after them."""

@@ -142,7 +142,7 @@ def run_chunk(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: in
     if st.queries:
         selection.accumulate_statistics(ctx, st, _requirements(st), ctx.req_to_token[req_row, : p0 + n], p0, n)
     n_prefix = min(max(boundary - p0, 0), n)
-    fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
+    fill = Fill.of_plan(ad, ctx.maps, plan)
     if n_prefix and plan.arm != "nofill":
         # The chunk's prefix rows, in order (no later chunk fills, so the context past them is never read).
         z, st.context = fill.features(x_split[:n_prefix], st.context)
@@ -186,19 +186,20 @@ def _hold_back(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: i
         st.held_back = 0
         return
     first = big_n - k
+    req_slots = ctx.req_to_token[req_row, :big_n]  # a view: the scratch slots written below show in it
     try:
-        ctx.req_to_token[req_row, first:big_n] = scratch.to(ctx.req_to_token.dtype)
+        req_slots[first:] = scratch.to(req_slots.dtype)
         device = fb.input_ids.device
         ids, pos = to_device(device, st.prompt_ids[first:].to(fb.input_ids.dtype),
                              torch.arange(first, big_n, dtype=fb.positions.dtype))
         x = passes.lower_pass_of(ctx, fb, i, first, ids, pos, scratch.to(fb.out_cache_loc.dtype), split,
                                  _captures_for(st, first, k, split))
         if st.queries:
-            selection.accumulate_statistics(ctx, st, _requirements(st), ctx.req_to_token[req_row, :big_n], first, k)
+            selection.accumulate_statistics(ctx, st, _requirements(st), req_slots, first, k)
         st.tail_x[first - st.boundary :] = x
     finally:
         ctx.slicer.release(scratch)
-    st.sweep = _choose(ctx, res, fb, i, st, ctx.req_to_token[req_row, :big_n], sliced=True)
+    st.sweep = _choose(ctx, res, fb, i, st, req_slots, sliced=True)
 
 
 def _choose(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int, st: RequestState,
@@ -240,8 +241,7 @@ def _choose(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int,
     before_layer = None
     if plan.value_rescale:
         x_rows = torch.cat([x_before, st.tail_x[first_tail - boundary :]])
-        before_layer = value_rescaler(ctx, Fill(ctx.adapter, ctx.maps if plan.arm == "ridgefill" else None, plan.split),
-                                      st, new, x_rows, slots=req_slots)
+        before_layer = value_rescaler(ctx, Fill.of_plan(ctx.adapter, ctx.maps, plan), st, new, x_rows, slots=req_slots)
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     if recurrence is None:
         _keep_split_states(ctx, st)
@@ -452,7 +452,7 @@ def splice_prefix(ctx: PassContext, fb: ForwardBatch, i: int, st: RequestState, 
     passes.upper_pass(ctx, fb, i, split, pos, st.prompt_ids, prefix_x, slots=slots, final_norm=False)
     (pos_d,) = to_device(device, pos)
     slots = slots[pos_d]
-    fill = Fill(ad, ctx.maps if plan.arm == "ridgefill" else None, split)
+    fill = Fill.of_plan(ad, ctx.maps, plan)
     z, _ = fill.features(prefix_x)  # from the start of the prompt: a kv+context plan never starts later
     for layer_id in ad.attention_layers:
         if layer_id < split:
