@@ -28,6 +28,7 @@ runs as SGLang schedules it. Engine-free: the scheduler's objects are read by at
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ import torch
 
 if TYPE_CHECKING:
     from .state import RequestState
+
+logger = logging.getLogger(__name__)
 
 # Tokens held back from the last chunk: the most slices a sweep runs in (one per held-back token).
 HELD_BACK = 8
@@ -114,9 +117,17 @@ class Slicer:
 
     def defer(self, chunked_req: Any, running_batch: Any) -> bool:
         """The scheduler's round begins: note whether others decode; ``True`` to skip this round's prefill
-        once after each forward of the chunked RidgeFill request while they do, so that a decode step runs."""
+        once after each forward of the chunked RidgeFill request while they do, so that a decode step runs.
+        Never raises (SGLang's scheduler loop calls it): on an error, ``False``."""
         self.decoding = running_batch is not None and not running_batch.is_empty() and not getattr(
             running_batch, "is_prefill_only", False)
+        try:
+            return self._defer(chunked_req)
+        except Exception:  # noqa: BLE001 - one request must not stop the scheduler: SGLang's schedule
+            logger.exception("RidgeFill's prefill deferral failed; SGLang schedules as usual")
+            return False
+
+    def _defer(self, chunked_req: Any) -> bool:
         st = self._sweeping(chunked_req)
         if st is None or st.yielded or not self.decoding or st.start < 0:
             return False
@@ -128,7 +139,15 @@ class Slicer:
         """The most tokens the next chunk of SGLang's ``req`` may take, of the ``budget`` left in the batch
         (``None``: no limit of RidgeFill's). While others decode: ``rows``; and a selecting plan's chunk that
         would end the prompt (or leave at most :data:`HELD_BACK` tokens) ends :data:`HELD_BACK` tokens short,
-        then one token per slice of its sweep, and the rest with the last slice."""
+        then one token per slice of its sweep, and the rest with the last slice. Never raises (SGLang's
+        scheduler loop calls it): on an error, ``None``."""
+        try:
+            return self._chunk_limit(req, budget)
+        except Exception:  # noqa: BLE001 - one request must not stop the scheduler: SGLang's chunks
+            logger.exception("RidgeFill's chunk limit failed; SGLang sizes the chunk as usual")
+            return None
+
+    def _chunk_limit(self, req: Any, budget: int) -> int | None:
         st = self._sweeping(req)
         if st is None:
             return None

@@ -254,3 +254,13 @@ def test_rows_per_forward_default_to_an_eighth_of_sglangs_chunk():
     assert (slice_rows(None, 4096), slice_rows(None, 8192), slice_rows(None, -1), slice_rows(None, None)) == (
         512, 1024, 1024, 1024)
     assert (slice_rows(0, 4096), slice_rows(300, 4096)) == (0, 300)
+
+
+def test_a_request_the_slicer_cannot_read_keeps_sglangs_schedule():
+    """The slicer runs in SGLang's scheduler loop, outside the runtime's per-request fallback: whatever one
+    request holds, it answers "no limit, no deferral" instead of raising there."""
+    slicer = _slicer(256)
+    req = _request(done=0)
+    getattr(req, ATTR).plan = None  # a state no plan can be read from
+    assert slicer.defer(req, _Batch(1)) is False
+    assert slicer.chunk_limit(req, 4096) is None
