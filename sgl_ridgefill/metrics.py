@@ -34,6 +34,10 @@ def _counters():
         "upgraded_stored": Counter("ridgefill_upgraded_stored_rows",
                                    "Of those, rows whose split state an earlier request kept (no lower layers again)",
                                    ["arm"]),
+        "exact_upgrade": Counter("ridgefill_exact_upgrade_rows",
+                                 "Rows requests rewrote exactly in their own decode steps (the exact upgrade)", ["arm"]),
+        "exact_upgrades_done": Counter("ridgefill_exact_upgrades_done",
+                                       "Requests whose exact upgrade reached every row", ["arm"]),
         "reused_filled": Counter("ridgefill_reused_filled_rows",
                                  "Filled rows taken from the radix cache (namespace mode)", ["arm"]),
         "saved": Histogram(
@@ -59,6 +63,16 @@ def record_request(st: Any) -> None:
     counters["reused_filled"].labels(arm).inc(getattr(st, "reused_filled", 0))
     if s.saved_fraction is not None:  # not for a request that only ran its new rows over the cache's filled rows
         counters["saved"].labels(arm).observe(s.saved_fraction)
+
+
+def record_upgrade(arm: str, rows: int, *, done: bool) -> None:
+    """Count one slice of a request's exact upgrade (``rows`` rewritten; ``done``: it reached every row)."""
+    counters = _counters() if _EXPORTING["on"] else None
+    if counters is None:
+        return
+    counters["exact_upgrade"].labels(arm).inc(rows)
+    if done:
+        counters["exact_upgrades_done"].labels(arm).inc()
 
 
 def set_live_requests(count: int) -> None:

@@ -342,13 +342,15 @@ def around_should_defer_prefill(original, scheduler: Any, running_batch: Any, *a
     running batch decodes, under ``--prefill-decode-interval``; RidgeFill also skips it once after each forward
     of a chunked request with a second sweep while others decode (``runtime/slicing.py``), so their next tokens
     wait for one short forward, not the whole prefill; and it notes whether any request decodes, for the chunk
-    limits below."""
+    limits below; and whether any request waits or runs chunked prefill, for the exact upgrade
+    (``runtime/upgrade.py``)."""
     from .runtime.runtime import get_runtime
 
     deferred = original(scheduler, running_batch, *args, **kwargs)
     rt = get_runtime()
     if rt is None:
         return deferred
+    rt.upgrader.note_round(scheduler)
     return rt.slicer.defer(getattr(scheduler, "chunked_req", None), running_batch) or deferred
 
 
@@ -420,10 +422,14 @@ def around_prefill_graph(original, runner: Any, forward_batch: Any, *args: Any, 
 def around_decode_graph(original, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> bool:
     """AROUND ``DecodeCudaGraphRunner.can_run_graph``: a captured decode reads one key list per request for
     every layer; a nofill request's decode skips the filled rows in its upper layers, so a batch holding
-    one runs eagerly."""
+    one runs eagerly, as does a batch whose step first runs a slice of an exact upgrade (``runtime/upgrade.py``)."""
+    from .runtime.runtime import get_runtime
     from .runtime.state import LIVE
 
     if LIVE.has_hidden_keys(getattr(forward_batch, "rids", None)):
+        return False
+    rt = get_runtime()
+    if rt is not None and rt.upgrader.due(forward_batch, LIVE) is not None:
         return False
     return original(runner, forward_batch, *args, **kwargs)
 

@@ -238,6 +238,13 @@ SETTINGS: tuple[Setting, ...] = (
                     "slices of ROWS rows, at most 8, instead of one forward that every decoding request waits for "
                     "(default: an eighth of SGLang's chunked-prefill size; 0: SGLang's chunks and one forward). "
                     "Needs one device, a dense model and page size 1"),
+    IntSetting(name="upgrade_rows", minimum=0, metavar="ROWS",
+               help="the exact upgrade: after its first token, a request of a policy that chooses its exact rows again "
+                    "over a reused cache (the shipped rows policies) rewrites about ROWS of its filled rows exactly in "
+                    "each of its decode steps that runs it alone (nobody else in the batch or waiting), so later "
+                    "questions on its document or its conversation's next turn reuse exact rows and prefill only "
+                    "their new tokens (default: an eighth of SGLang's chunked-prefill size, 1,024 rows when it does not chunk; 0: off). Needs one device, a dense model "
+                    "and page size 1"),
     SwitchSetting(
         name="diagnostics",
         help=f"lets clients use the diagnostic request keys and values ({diagnostic_summary()}) and select any "

@@ -32,6 +32,7 @@ SAMPLES = {
     "map_slots": ("4", 4),
     "split_state_cache_mib": ("0", 0),
     "slice_rows": ("512", 512),
+    "upgrade_rows": ("256", 256),
     "diagnostics": ("1", True),
     "request_policies": ("a, b", ("a", "b")),
     "max_tail": ("4096", 4096),

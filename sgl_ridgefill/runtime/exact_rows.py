@@ -177,7 +177,7 @@ def record_inserted_rows(exact_rows: "ExactRows", req: Any, tree_cache: Any, st:
         logger.debug("request %s: the radix tree could not be matched before insert", req.rid, exc_info=True)
         exact_rows.forget(keys, max(st.start, 0))
         return
-    exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_positions)
+    exact_rows.record(keys, int(held), exact_from=st.exact_from(), exact_rows=st.exact_prefix_positions())
     # Cached rows this request chose and made exact in place; the tree still holds them (they were matched,
     # so locked, until this release).
     exact_rows.mark_exact(keys, [p for p in st.upgraded_positions if p < int(held)])

@@ -195,16 +195,18 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     from ..gpu_check.census_log import from_environment
     from .slicing import Slicer
     from .split_state_store import SplitStateStore
+    from .upgrade import Upgrader
 
+    # Short forwards and the exact upgrade cut and place rows themselves: one device, a dense model, page size 1.
+    one_device = tp is None and not pd_prefill and not adapter.recurrent_layers and engine.page_size == 1
     rt = RidgeFillRuntime(
         config, adapter, admitter, maps=maps,
         resources=SelectionResources(tokens=token_table, token_counts=token_counts),
         chunk_rows=chunk if chunk and chunk > 0 else UNCHUNKED_ROWS, tp=tp,
         recurrent=recurrent.resources if recurrent is not None else None, census=from_environment(),
         split_states=SplitStateStore(config.split_state_cache_mib * 2**20) if config.split_state_cache_mib else None,
-        slicer=Slicer(slice_rows(config.slice_rows, chunk), allowed=tp is None and not pd_prefill
-                      and not adapter.recurrent_layers and engine.page_size == 1,
-                      sinks=maps is not None and bool(maps.folder.sink)),
+        slicer=Slicer(slice_rows(config.slice_rows, chunk), allowed=one_device, sinks=maps is not None and bool(maps.folder.sink)),
+        upgrader=Upgrader(slice_rows(config.upgrade_rows, chunk), allowed=one_device),
     )
     resident = maps.resident_bytes if maps is not None else 0
     streamed = "" if maps is None or maps.residence != "host" else (
@@ -215,7 +217,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
                     "complete; nofill requests run exact; cache mode no_insert")
     logger.info(
         "RidgeFill on: model=%s layers=%d maps=%s splits=%s resident=%.1f MiB%s%s policy=%s arm=%s split=%s tail=%s "
-        "cache=%s diagnostics=%s rows per forward while others decode=%s",
+        "cache=%s diagnostics=%s rows per forward while others decode=%s exact upgrade rows per decode step=%s",
         type(runner.model).__name__, adapter.shape.num_layers, config.maps, list(facts.maps_splits), resident / 2**20,
         streamed,
         "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
@@ -224,6 +226,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         admitter.default_cache_mode(),
         "on" if config.diagnostics else "off",
         rt.slicer.rows or "(SGLang's chunks)",
+        rt.upgrader.rows or "off",
     )
     return rt
 

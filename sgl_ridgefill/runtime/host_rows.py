@@ -107,6 +107,10 @@ class HostRows:
         """Rows ``[lo, hi)`` on the device."""
         return self.on_device()[lo:hi]
 
+    def slice_on_device(self, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``[lo, hi)`` on the device, copied alone (not the whole buffer), after the last write."""
+        return self.copies.to_device(self.buffer[lo:hi], self.device, self._marker)
+
     def hand_over(self) -> tuple[torch.Tensor, Any]:
         """The host buffer and the marker after its last write, for a keeper that reads it on the host later
         (the split state store); the copy back on the device is dropped, so no device memory stays held."""

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .maps_store import MapsStore
     from .slicing import Slicer
     from .split_state_store import SplitStateStore
+    from .upgrade import Upgrader
 
 # (layer id, first row, last row + 1, sink): capture the queries of rows [lo, hi) of a pass at a layer.
 QueryCapture = tuple[int, int, int, list]
@@ -56,7 +57,8 @@ class PassContext:
     ``chunk_rows``: most rows one upper-pass step runs; ``group_size``: rows per group of scattered rows;
     ``tp``: the tensor-parallel group the selection agrees over (``None`` on one device); ``split_states``: the
     split states earlier requests kept for the cached rows a later one upgrades (``None``: recompute them);
-    ``slicer``: the scratch slots of a sliced sweep's held-back tokens (``None``: no sweep is sliced).
+    ``slicer``: the scratch slots of a sliced sweep's held-back tokens (``None``: no sweep is sliced);
+    ``upgrader``: the exact upgrade a finished prefill may leave to its decode steps (``None``: none).
     """
 
     adapter: ModelAdapter
@@ -71,6 +73,16 @@ class PassContext:
     recurrent: Any = None  # hybrid models: recurrent.RecurrentResources
     split_states: SplitStateStore | None = None  # reselecting plans: earlier requests' prefix split states
     slicer: Slicer | None = None  # the second sweep in slices while others decode (``slicing.py``)
+    upgrader: Upgrader | None = None  # the exact upgrade in a request's decode steps (``upgrade.py``)
+
+
+def as_extend(fb: ForwardBatch) -> ForwardBatch:
+    """A decode batch as the parent of extend sub-batches (``subbatch.virtual_subbatch`` narrows the rest)."""
+    import dataclasses
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return dataclasses.replace(fb, forward_mode=ForwardMode.EXTEND, residual_stream=None)
 
 
 def plan_batch(backend: Any, fb: ForwardBatch) -> None:

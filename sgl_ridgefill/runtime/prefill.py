@@ -34,6 +34,7 @@ from .fill import Fill
 from .host_rows import HostRows
 from .kv import read_kv, write_kv
 from .slicing import SweepTwo
+from .upgrade import may_upgrade
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -245,7 +246,8 @@ def _choose(ctx: PassContext, res: SelectionResources, fb: ForwardBatch, i: int,
     recurrence = recurrent.sweep_two(ctx, fb, i, st, all_pos)
     if recurrence is None:
         _keep_split_states(ctx, st)
-        st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
+        if ctx.upgrader is None or not ctx.upgrader.rows or not may_upgrade(st):
+            st.prefix_x = None  # the exact rows are gathered: the host buffer and its copy back can go
     rows = int(all_pos.numel())
     if sliced:
         held_from = int(torch.searchsorted(all_pos, big_n - st.held_back))
@@ -316,6 +318,8 @@ def _finish(ctx: PassContext, st: RequestState, sweep: SweepTwo) -> None:
     st.exact_positions = new.tolist()  # host already: the rows row-exact reuse may share as exact
     st.upgraded_positions = upgrade.tolist()
     st.prefill_done = True
+    if ctx.upgrader is not None:
+        ctx.upgrader.begin(st)  # keeps the split states its decode steps rewrite the rows from
     st.free_buffers()
 
 

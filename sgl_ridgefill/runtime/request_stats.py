@@ -34,6 +34,7 @@ class RequestStats:
     upper_steps: int | None = None
     slices: int | None = None  # forwards the second sweep ran in, when cut while others decoded (slicing.py)
     yields: int | None = None  # decode steps of other requests the scheduler ran between this prefill's forwards
+    exact_upgrade: int | None = None  # rows the exact upgrade rewrites in the request's decode steps (upgrade.py)
     # Diagnostics.
     watched: int | None = None  # watch_rows in the new prefix (the whole prefix, for a reselecting plan)
     watched_exact: int | None = None  # of those, rows that ran exactly (or the cache held exact)

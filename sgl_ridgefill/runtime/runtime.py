@@ -20,6 +20,7 @@ from .distributed import RankFailure
 from .passes import GROUP_SIZE, PassContext, plan_batch
 from .prefill import SelectionResources
 from .slicing import Slicer
+from .upgrade import Upgrader
 from .exact_rows import ExactRows
 from .state import LIVE, LiveRequests, RequestState, report
 from .subbatch import request_row_starts, requests_subbatch
@@ -78,6 +79,7 @@ class RidgeFillRuntime:
         census=None,
         split_states: SplitStateStore | None = None,
         slicer: Slicer | None = None,
+        upgrader: Upgrader | None = None,
     ):
         self.config = config
         self.adapter = adapter
@@ -93,6 +95,7 @@ class RidgeFillRuntime:
         self.exact_rows = ExactRows()  # namespace mode: which cached rows are exact (row-exact reuse)
         self.split_states = split_states  # reselecting plans: split states of earlier requests' prefix rows
         self.slicer = slicer if slicer is not None else Slicer(0, allowed=False)  # short forwards (slicing.py)
+        self.upgrader = upgrader if upgrader is not None else Upgrader(0, allowed=False)  # upgrade.py
         self._warned: dict[str, float] = {}
 
     @property
@@ -125,9 +128,12 @@ class RidgeFillRuntime:
 
     # ----------------------------------------------------------------- forward (model thread)
     def forward(self, original, lm, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, *args, **kwargs):
-        """AROUND ``<Model>ForCausalLM.forward``: stock forward unless an EXTEND batch holds RidgeFill rows."""
+        """AROUND ``<Model>ForCausalLM.forward``: stock forward unless an EXTEND batch holds RidgeFill rows (a
+        decode batch may first run a slice of a request's exact upgrade, ``upgrade.py``)."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+        if fb.forward_mode == ForwardMode.DECODE and (st := self.upgrader.due(fb, self.live)) is not None:
+            self._upgrade(st, fb)
         if (
             fb.forward_mode != ForwardMode.EXTEND
             or fb.input_embeds is not None
@@ -176,6 +182,7 @@ class RidgeFillRuntime:
                 prefill.begin(st, fb, i, rows, hidden_size, dtype, chunk_ids=self._chunk_ids(rid, fb, i, n),
                               recurrent_sinks=self._recurrent_sinks(st), sinks=self._sinks(), streams=self._streams(st))
                 self._note_cache_hit(st)
+                _run_exact_over_exact_cache(st)
                 if st.exact_reason is not None:
                     self._finish(rid, st)
             work.append(st if st is not None and st.runs else None)
@@ -183,20 +190,7 @@ class RidgeFillRuntime:
             return original(lm, input_ids, positions, fb, *args, **kwargs)
 
         backend = self.attn_backend()
-        ctx = PassContext(
-            adapter=self.adapter,
-            maps=self.maps,
-            backend=backend,
-            pool=backend.token_to_kv_pool,
-            req_to_token=backend.req_to_token_pool.req_to_token,
-            physical=fb.out_cache_loc_is_physical,
-            chunk_rows=self.chunk_rows,
-            group_size=self.group_size,
-            tp=self.tp,
-            recurrent=self.recurrent,
-            split_states=self.split_states,
-            slicer=self.slicer,
-        )
+        ctx = self._pass_context(backend, fb)
         with torch.no_grad():
             hidden = torch.zeros((input_ids.shape[0], hidden_size), dtype=dtype, device=input_ids.device)
             exact_idx = [i for i, w in enumerate(work) if w is None]
@@ -215,6 +209,43 @@ class RidgeFillRuntime:
                     self._finish(fb.rids[i], st)
             plan_batch(backend, fb)
             return lm.logits_processor(input_ids, hidden, lm.lm_head, fb)
+
+    def _pass_context(self, backend, fb: ForwardBatch) -> PassContext:
+        return PassContext(
+            adapter=self.adapter,
+            maps=self.maps,
+            backend=backend,
+            pool=backend.token_to_kv_pool,
+            req_to_token=backend.req_to_token_pool.req_to_token,
+            physical=fb.out_cache_loc_is_physical,
+            chunk_rows=self.chunk_rows,
+            group_size=self.group_size,
+            tp=self.tp,
+            recurrent=self.recurrent,
+            split_states=self.split_states,
+            slicer=self.slicer,
+            upgrader=self.upgrader,
+        )
+
+    def _upgrade(self, st: RequestState, fb: ForwardBatch) -> None:
+        """A slice of ``st``'s exact upgrade before decode batch ``fb`` runs its step. On a failure the upgrade
+        stops there (the rows before its cursor stay exact, the others as they were) and the step runs."""
+        from ..metrics import record_upgrade
+
+        backend = self.attn_backend()
+        req = self.live.req(fb.rids[0])
+        try:
+            with torch.no_grad():
+                rows = self.upgrader.run(self._pass_context(backend, fb), fb, st, getattr(req, "output_ids", None) or [],
+                                         req_row=self._req_row(fb, 0))
+            record_upgrade(st.plan.arm, rows, done=st.upgrade.done)
+        except Exception:  # noqa: BLE001 - the request's answer does not depend on its upgrade
+            logger.exception("RidgeFill's exact upgrade of request %s failed; it stops at row %d", fb.rids[0],
+                             st.upgrade.cursor)
+            st.upgrade.done = True
+            st.upgrade.close()
+        finally:
+            plan_batch(backend, fb)  # the decode batch's own attention metadata again
 
     def _fall_back(self, backend, fb: ForwardBatch, i: int, st: RequestState, error: Exception,
                    hidden: torch.Tensor) -> None:
@@ -291,3 +322,12 @@ class RidgeFillRuntime:
 
         return get_attn_backend()
 
+
+def _run_exact_over_exact_cache(st: RequestState) -> None:
+    """A reselecting request whose new rows all lie in its tail, over cached rows that are all exact (an exact
+    upgrade made them so, ``upgrade.py``), has nothing to fill or choose: its new rows run exactly, as on stock
+    SGLang. It still answers over KV that RidgeFill wrote (not bitwise stock's), so it reports ``"ran": true``."""
+    mask = st.cached_exact_mask
+    if st.runs and st.plan.reselects and 0 < st.boundary <= st.start and mask is not None and bool(mask.all()):
+        st.over_upgraded_cache = True
+        st.run_exact("the radix cache holds the whole prefix exact")

@@ -97,6 +97,11 @@ class RequestState:
     held_back: int = 0
     sweep: Any = None
     yielded: bool = False
+    # The exact upgrade in the request's own decode steps (``upgrade.Upgrade``), once its prefill is done.
+    upgrade: Any = None
+    # Its new rows ran exactly over cached rows that RidgeFill requests wrote, every one exact (an exact upgrade
+    # made them so): an answer from RidgeFill's KV, exact up to rounding but not bitwise stock's.
+    over_upgraded_cache: bool = False
 
     def row_keys(self, token_ids) -> Any:
         """The keys of the rows of ``token_ids`` (the prompt, then any output) in this plan's namespace."""
@@ -108,8 +113,19 @@ class RequestState:
 
     def exact_from(self) -> int:
         """The first row from which every row this request computed is exact (rows before it are exact only
-        when listed in :attr:`exact_positions`)."""
-        return self.boundary if self.prefill_done else 0
+        when listed in :meth:`exact_prefix_positions`)."""
+        if not self.prefill_done:
+            return 0
+        if self.upgrade is not None and self.upgrade.cursor >= self.boundary:
+            return self.upgrade.first
+        return self.boundary
+
+    def exact_prefix_positions(self) -> list[int]:
+        """The prefix rows (before the boundary) this request computed exactly: its exact rows, and the rows its
+        exact upgrade has rewritten so far."""
+        if self.upgrade is None:
+            return self.exact_positions
+        return sorted(set(self.exact_positions).union(self.upgrade.exact_prefix_rows()))
 
     @property
     def bound(self) -> bool:
@@ -183,6 +199,8 @@ class RequestState:
     def release(self) -> None:
         self.released = True
         self.free_buffers()
+        if self.upgrade is not None:
+            self.upgrade.close()
 
     def may_insert(self) -> bool:
         """Namespace mode: a request whose prefill completed (filled or exact) may publish its KV in its
@@ -206,7 +224,7 @@ class RequestState:
         """What ran, for the response's ``meta_info["ridgefill"]``. A request that ran its own rows exactly over
         filled rows from the cache answers from RidgeFill's KV all the same: ``"ran": true``, its reason kept
         as ``note``."""
-        if self.exact_reason is not None and not self.reused_filled:
+        if self.exact_reason is not None and not self.reused_filled and not self.over_upgraded_cache:
             out = {"ran": False, "reason": self.exact_reason}
             for key in ("cached", "cached_exact", "filled_before_failure", "deferred_rows_lost"):
                 if self.stats.get(key):

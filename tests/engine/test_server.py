@@ -43,8 +43,8 @@ def server(tiny_models):
         yield model, url
 
 
-def _generate(url, ids, ridgefill=None, **extra):
-    sp = {"max_new_tokens": 1, "temperature": 0}
+def _generate(url, ids, ridgefill=None, *, max_new_tokens: int = 1, **extra):
+    sp = {"max_new_tokens": max_new_tokens, "temperature": 0}
     if ridgefill is not None:
         sp["custom_params"] = {"ridgefill": ridgefill}
     body = {"input_ids": ids, "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 3, **extra}
@@ -140,6 +140,34 @@ def test_a_later_request_chooses_its_rows_again_and_upgrades_the_cached_ones(ser
     # the first's rows, the two upgraded, and both tails (but the last row, which a match never covers)
     assert third["cached"] == 139 and third["cached_exact"] == 3 + 2 + 139 - (140 - TAIL)
     assert third["upgraded"] == 0
+
+
+def test_the_exact_upgrade_makes_the_document_exact_for_later_questions(server):
+    """A request of a reselecting plan that decodes alone rewrites its rows exactly in its own decode steps (the
+    exact upgrade, six rows a step at this chunk size): its last tokens read exact KV, as after a stock prefill,
+    and a later question on the document finds every cached row exact, so it runs exactly, prefilling only its
+    new tokens, and answers as stock does."""
+    model, url = server
+    document = prompt(60, 130)
+    first_ids, second_ids = document + prompt(61, 10), document + prompt(62, 10)
+    first = _generate(url, first_ids, {"exact_rows": [10, 40, 70]}, max_new_tokens=40).json()
+    meta = first["meta_info"]
+    assert meta["ridgefill"]["ran"] is True and meta["ridgefill"]["exact_upgrade"] == len(first_ids)
+    out = first["output_ids"]
+    assert len(out) == 40
+    # the 40th token's step read the prompt and 39 decoded rows, all rewritten exactly by then
+    last = [[x[0], x[1]] for x in meta["output_top_logprobs"][-1]]
+    history = first_ids + out[:-1]
+    assert_top_close({"top": last}, model.expected_top(history, split=SPLIT, tail=len(history), arm="exact"))
+    filled = model.expected_top(history, split=SPLIT, tail=TAIL + 39, exact_rows=[10, 40, 70])
+    assert abs(filled[0][0] - last[0][0]) > 1e-4  # without the upgrade the same step reads filled rows
+    second = _generate(url, second_ids, {"exact_rows": [40, 60, 100]})
+    summary = second.json()["meta_info"]["ridgefill"]
+    # an answer over KV RidgeFill wrote (exact up to rounding, not bitwise stock's): "ran" stays true
+    assert summary["ran"] is True and summary["note"] == "the radix cache holds the whole prefix exact"
+    assert summary["cached"] == 130 and summary["cached_exact"] == 130
+    assert summary["filled"] == 0 and summary["reused_filled"] == 0
+    assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL, arm="exact"))
 
 
 def test_an_upgrade_without_kept_split_states_reruns_the_lower_layers(server):
