@@ -170,6 +170,34 @@ def test_the_exact_upgrade_makes_the_document_exact_for_later_questions(server):
     assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL, arm="exact"))
 
 
+def test_a_request_aborted_during_its_exact_upgrade_leaves_a_cache_later_questions_use(server):
+    """A client aborts a request while its exact upgrade runs (after its first streamed token, with most rows
+    still to rewrite): the abort ends it, what it rewrote stays usable, and a later question on the document,
+    which chooses and upgrades its own rows over that cache, answers; the server serves on."""
+    import json
+
+    _, url = server
+    document = prompt(63, 130)
+    body = {"input_ids": document + prompt(64, 10), "stream": True, "rid": "upgrade-abort",
+            "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True,
+                                "custom_params": {"ridgefill": {"exact_rows": [10, 40, 70]}}}}
+    with requests.post(url + "/generate", json=body, timeout=300, stream=True) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith(b"data: "))
+        assert json.loads(first[len(b"data: "):])["meta_info"]["ridgefill"]["exact_upgrade"] == 140
+        assert requests.post(url + "/abort_request", json={"rid": "upgrade-abort"}, timeout=60).status_code == 200
+        last = [json.loads(line[len(b"data: "):]) for line in lines
+                if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    assert last and last[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(last[-1]["output_ids"]) < 2000
+    later = _generate(url, document + prompt(65, 10), {"exact_rows": [40, 60, 100]})
+    assert later.status_code == 200
+    summary = later.json()["meta_info"]["ridgefill"]
+    assert summary["ran"] is True and summary["cached"] == 130, summary
+    assert _generate(url, prompt(66, 60)).status_code == 200
+
+
 def test_an_upgrade_without_kept_split_states_reruns_the_lower_layers(server):
     """A request that chose no rows keeps no split states; a later request of the same namespace that chooses
     rows then gets the split states of the cached rows it upgrades from the cached lower layers, with the same
