@@ -17,6 +17,9 @@ MAP_RESIDENCES = ("device", "host")  # where the maps live while serving (host: 
 SPLICES = ("keys", "values", "both", "key_norm")  # the splice diagnostic's parts of the exact model
 # How calibration multiplies each forward piece into its float64 totals; a name starts with its torch dtype.
 ACCUMULATIONS = ("float64", "float32-blocks")
+# The note of a request whose new rows ran exactly over a cached document an exact upgrade made exact
+# (``runtime/upgrade.py``); the soak counts such answers by it.
+EXACT_CACHE_NOTE = "the radix cache holds the whole prefix exact"
 FLAG_PREFIX = "--ridgefill-"  # a server setting NAME is the flag --ridgefill-NAME (``settings.py``)
 
 

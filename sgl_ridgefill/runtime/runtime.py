@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..vocabulary import EXACT_CACHE_NOTE
 from . import prefill, recurrent
 from .admission import Admission, Admitter, RequestFacts
 from .distributed import RankFailure
@@ -330,4 +331,4 @@ def _run_exact_over_exact_cache(st: RequestState) -> None:
     mask = st.cached_exact_mask
     if st.runs and st.plan.reselects and 0 < st.boundary <= st.start and mask is not None and bool(mask.all()):
         st.over_upgraded_cache = True
-        st.run_exact("the radix cache holds the whole prefix exact")
+        st.run_exact(EXACT_CACHE_NOTE)

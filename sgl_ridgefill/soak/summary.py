@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..vocabulary import EXACT_CACHE_NOTE
 from .client import Outcome
 from .workload import Job, count_calls
 
@@ -64,6 +65,9 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     ran = {"true": 0, "false": 0}
     cut = {"requests": 0, "sliced": 0, "yields": 0}  # prefills in short forwards while others decoded
+    # exact upgrades planned (each decode step that runs the request alone rewrites some rows), and later
+    # questions that found every cached row exact
+    upgrades = {"planned": 0, "planned_rows": 0, "over_exact_cache": 0}
     tags: dict[str, int] = {}
     sent_kinds: dict[str, int] = {}
     problems = []
@@ -79,6 +83,11 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
                 cut["requests"] += 1
                 cut["sliced"] += int(bool(meta.get("slices")))
                 cut["yields"] += int(meta.get("yields") or 0)
+            if meta.get("exact_upgrade"):
+                upgrades["planned"] += 1
+                upgrades["planned_rows"] += int(meta["exact_upgrade"])
+            if meta.get("note") == EXACT_CACHE_NOTE:
+                upgrades["over_exact_cache"] += 1
         why = unexpected(job, out)
         if why is not None:
             problems.append({"request": f"job {out.job} call {out.call} ({out.kind})", "problem": why})
@@ -93,7 +102,8 @@ def tally(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "by_status": dict(sorted(by_status.items())), "5xx": len(server_errors),
             "first_5xx": [{"request": f"job {o.job} call {o.call} ({o.kind})", "status": o.status, "error": o.error}
                           for o in server_errors[:SHOWN]],
-            "ridgefill_ran": ran, "ridgefill_short_forwards": cut, "unexpected": len(problems),
+            "ridgefill_ran": ran, "ridgefill_short_forwards": cut,
+            "ridgefill_exact_upgrade": upgrades, "unexpected": len(problems),
             "first_unexpected": problems[:SHOWN],
         },
     }

@@ -11,6 +11,7 @@ import requests
 import torch
 
 from sgl_ridgefill.cpu.environment import cpu_environment
+from sgl_ridgefill.vocabulary import EXACT_CACHE_NOTE
 from tests.engine.conftest import SPLIT, assert_top_close
 from tests.support.engines import MEM_FRACTION, prompt
 from tests.support.server import cpu_server
@@ -164,7 +165,7 @@ def test_the_exact_upgrade_makes_the_document_exact_for_later_questions(server):
     second = _generate(url, second_ids, {"exact_rows": [40, 60, 100]})
     summary = second.json()["meta_info"]["ridgefill"]
     # an answer over KV RidgeFill wrote (exact up to rounding, not bitwise stock's): "ran" stays true
-    assert summary["ran"] is True and summary["note"] == "the radix cache holds the whole prefix exact"
+    assert summary["ran"] is True and summary["note"] == EXACT_CACHE_NOTE
     assert summary["cached"] == 130 and summary["cached_exact"] == 130
     assert summary["filled"] == 0 and summary["reused_filled"] == 0
     assert_top_close(_top(second), model.expected_top(second_ids, split=SPLIT, tail=TAIL, arm="exact"))

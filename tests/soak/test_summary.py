@@ -53,6 +53,15 @@ def test_tally_counts_prefills_in_short_forwards():
     assert cut == {"requests": 2, "sliced": 1, "yields": 6}
 
 
+def test_tally_counts_exact_upgrades_and_questions_over_upgraded_documents():
+    job = Job(0, "k", (CALL, CALL, CALL))
+    metas = [{"ran": True, "exact_upgrade": 140}, {"ran": True, "note": "the radix cache holds the whole prefix exact"},
+             {"ran": True}]
+    outcomes = [Outcome(0, j, "k", status=200, response={"meta_info": {"ridgefill": m}}) for j, m in enumerate(metas)]
+    up = tally([job], outcomes)["responses"]["ridgefill_exact_upgrade"]
+    assert up == {"planned": 1, "planned_rows": 140, "over_exact_cache": 1}
+
+
 def test_exact_cases_and_what_must_run_exactly():
     job = Job(0, "k", (CALL, Call((1, 2, 3), 2, {}), Call((1, 2, 3), 2, {})))
     outcomes = [_ok(0, 0, ran=True), _ok(0, 1), _ok(0, 2, ran=True)]
