@@ -216,10 +216,14 @@ def test_cli_flags_and_engine_keywords():
 def test_eval_server_and_engine_turn_diagnostics_on(tmp_path):
     from sgl_ridgefill.eval import cli
 
-    args = argparse.Namespace(maps=tmp_path / "maps", tail=1024)
+    args = argparse.Namespace(maps=tmp_path / "maps", tail=1024, upgrade_rows=None)
     rf = cli._ridgefill_settings(args, 12, tmp_path / "eval-rows.rfpolicy")
     assert "--ridgefill-diagnostics" in settings.cli_flags(rf)
     assert settings.engine_keywords(rf)["ridgefill_diagnostics"] is True
+    assert "upgrade_rows" not in rf  # the server's default
+    args.upgrade_rows = 0
+    flags = settings.cli_flags(cli._ridgefill_settings(args, 12, tmp_path / "eval-rows.rfpolicy"))
+    assert flags[flags.index("--ridgefill-upgrade-rows") + 1] == "0"
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--exact-from", type=pathlib.Path, action="append", default=[], metavar="DIR",
                    help="reuse the exact arm's records of another run folder on the same prompts, model and dtype "
                         "(the exact arm does not depend on the maps or the split); repeatable")
+    p.add_argument("--upgrade-rows", type=int, default=None, metavar="ROWS",
+                   help="the RidgeFill server's --ridgefill-upgrade-rows: rows a request rewrites exactly in each decode "
+                        "step that runs it alone, for the later-question arms (default: the server's; 0: off)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -104,8 +107,11 @@ def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str
     """The RidgeFill settings (``sgl_ridgefill.settings`` names) shared by the local server (as flags) and the
     offline engine (as ``ridgefill_*`` keywords). The arms name shipped policies and use the control arms,
     ``control`` and ``splice``, which a server accepts only with diagnostics on."""
-    return {"maps": str(args.maps), "split": split, "tail": args.tail, "policy": str(policy_file),
-            "diagnostics": True}
+    settings = {"maps": str(args.maps), "split": split, "tail": args.tail, "policy": str(policy_file),
+                "diagnostics": True}
+    if args.upgrade_rows is not None:
+        settings["upgrade_rows"] = args.upgrade_rows
+    return settings
 
 
 def _server_flags(model_dir: pathlib.Path, max_len: int, dtype: str) -> list[str]:

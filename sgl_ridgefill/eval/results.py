@@ -43,7 +43,8 @@ QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, a
 SELECTION_LAYERS = "selection-layers"  # which lower layers' attention chooses the rows on a deeper model
 CALIBRATION_DOMAIN = "calibration-domain"  # maps fitted on prose, code or both, measured on haystacks of each
 LENGTH = "length"  # the quality preset at 16K and 32K, and maps fitted on documents as long as the prompts
-GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS, CALIBRATION_DOMAIN, LENGTH)
+LATER_QUESTIONS = "later-questions"  # questions asked second and third on a cached document, by reuse design
+GROUPS = (CHOOSE_SPLIT, QUESTION_BLIND, SELECTION_LAYERS, CALIBRATION_DOMAIN, LENGTH, LATER_QUESTIONS)
 BUILTIN = "builtin"
 
 
@@ -245,8 +246,13 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-8k", "qwen2.5-coder-0.5b", (6, 12), 12, (8192,), _SHALLOW),
     Run("qwen2.5-0.5b-s12-16k", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LONG_16K),
     Run("qwen2.5-0.5b-s12-later-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
-    # The same prompts on the server whose later questions choose their rows again over the cached document.
-    Run("qwen2.5-0.5b-s12-later-reselect-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER),
+    # The same prompts on the server whose later questions choose their rows again over the cached document
+    # (run before the exact upgrade existed: as with --upgrade-rows 0).
+    Run("qwen2.5-0.5b-s12-later-reselect-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _LATER,
+        group=LATER_QUESTIONS),
+    # And with the exact upgrade: each first question rewrites the document exactly while it decodes alone.
+    Run("qwen2.5-0.5b-s12-later-upgrade-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,),
+        _LATER + ("--upgrade-rows", "512"), group=LATER_QUESTIONS),
     Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND, group=SELECTION_LAYERS),
     Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,), _QUALITY_SECOND),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
