@@ -1,6 +1,7 @@
 """The exact upgrade without an engine: which finished prefills it takes, the decode batches it runs in, and
 what the radix cache's record learns from it (``runtime/upgrade.py``; the engine test is in
-``tests/engine/test_server.py``)."""
+``tests/engine/test_server.py``, on the Triton backend
+``tests/gpu_backends/test_triton_upgrade.py``)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,28 @@ def test_split_state_slices_are_copies():
     assert not torch.equal(x, st.prefix_x.buffer[10:12])
     both = _split_states(up, st.boundary - 1, st.boundary + 2, torch.device("cpu"))
     assert both.shape == (3, HIDDEN) and torch.equal(both[1:], st.tail_x[:2])
+
+
+def test_a_decode_step_that_runs_a_slice_is_not_replayed_from_a_captured_graph(monkeypatch):
+    """On CUDA SGLang replays captured decode steps: the step that first runs a slice of an upgrade holds extend
+    forwards in Python, so it runs eagerly; every other decode step keeps the graph."""
+    from sgl_ridgefill import patches
+    from sgl_ridgefill.runtime import runtime as runtime_module
+    from sgl_ridgefill.runtime import state as state_module
+
+    upgrader = Upgrader(64, allowed=True)
+    st = _finished()
+    upgrader.begin(st)
+    live = _Live(st)
+    live.has_hidden_keys = lambda rids: False
+    monkeypatch.setattr(runtime_module, "_RUNTIME", types.SimpleNamespace(upgrader=upgrader))
+    monkeypatch.setattr(state_module, "LIVE", live)
+    upgrader.note_round(types.SimpleNamespace(chunked_req=None, waiting_queue=[]))
+
+    def can_run(runner, fb):
+        return True
+
+    assert patches.around_decode_graph(can_run, None, _decode_batch("a")) is False
+    assert patches.around_decode_graph(can_run, None, _decode_batch("a", "b")) is True
+    st.upgrade.done = True
+    assert patches.around_decode_graph(can_run, None, _decode_batch("a")) is True
