@@ -10,6 +10,11 @@ import functools
 from typing import Any
 
 
+# The names read back from /metrics (the soak); a counter's samples there carry the suffix ``_total``.
+LIVE_REQUESTS = "ridgefill_live_requests"
+EXACT_UPGRADE_ROWS = "ridgefill_exact_upgrade_rows"
+EXACT_UPGRADES_DONE = "ridgefill_exact_upgrades_done"
+
 # Tensor-parallel ranks other than 0 run the same requests as rank 0 and export nothing (no double counts).
 _EXPORTING = {"on": True}
 
@@ -34,9 +39,9 @@ def _counters():
         "upgraded_stored": Counter("ridgefill_upgraded_stored_rows",
                                    "Of those, rows whose split state an earlier request kept (no lower layers again)",
                                    ["arm"]),
-        "exact_upgrade": Counter("ridgefill_exact_upgrade_rows",
+        "exact_upgrade": Counter(EXACT_UPGRADE_ROWS,
                                  "Rows requests rewrote exactly in their own decode steps (the exact upgrade)", ["arm"]),
-        "exact_upgrades_done": Counter("ridgefill_exact_upgrades_done",
+        "exact_upgrades_done": Counter(EXACT_UPGRADES_DONE,
                                        "Requests whose exact upgrade reached every row", ["arm"]),
         "reused_filled": Counter("ridgefill_reused_filled_rows",
                                  "Filled rows taken from the radix cache (namespace mode)", ["arm"]),
@@ -45,7 +50,7 @@ def _counters():
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
         ),
         # Summed over the scheduler processes; back to 0 once no RidgeFill request is alive (a leak check).
-        "live": Gauge("ridgefill_live_requests", "RidgeFill requests whose SGLang Req is alive in a batch",
+        "live": Gauge(LIVE_REQUESTS, "RidgeFill requests whose SGLang Req is alive in a batch",
                       multiprocess_mode="livesum"),
     }
 

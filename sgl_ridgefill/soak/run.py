@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..metrics import EXACT_UPGRADE_ROWS, EXACT_UPGRADES_DONE
 from . import compare as C
 from .client import Outcome, Runner
 from .fuzz import run_fuzz
@@ -185,6 +186,10 @@ def run_soak(cfg: SoakConfig, rf: Target, stock: Target) -> dict:
         "environment": cfg.environment,
     }
     summary["requests"]["skipped_jobs"] = skipped
+    # what the planned upgrades ran: they run only in decode steps that hold their request alone
+    summary["responses"]["ridgefill_exact_upgrade"].update(
+        rows_run=metric_value(metrics, EXACT_UPGRADE_ROWS + "_total"),
+        done=metric_value(metrics, EXACT_UPGRADES_DONE + "_total"))
     summary["failures"] = failures(summary)
     summary["ok"] = not any(summary["failures"].values())
     return summary

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from ..cpu.environment import cpu_environment
 from ..cpu.launch_server_process import ServerProcess
+from ..metrics import LIVE_REQUESTS
 from ..settings import cli_flags
 from .workload import NAMESPACE_POLICY
 
-LIVE_GAUGE = "ridgefill_live_requests"
+LIVE_GAUGE = LIVE_REQUESTS
 
 
 @dataclass(frozen=True)

@@ -32,3 +32,20 @@ def test_ridgefill_flags_are_refused_with_a_running_server():
                                       "--stock-url", "http://h:2", "--ridgefill-flags", "--ridgefill-slice-rows 0"])
     with pytest.raises(SystemExit, match="and --ridgefill-flags configure the servers it starts"):
         args.func(args)
+
+
+def test_the_counters_the_soak_reads_back_are_found_under_the_names_prometheus_exports():
+    """A counter's samples carry ``_total`` in Prometheus text: the soak reads the upgrade counters by those names."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+    from sgl_ridgefill.metrics import EXACT_UPGRADE_ROWS, EXACT_UPGRADES_DONE, LIVE_REQUESTS
+    from sgl_ridgefill.soak.servers import LIVE_GAUGE, metric_value
+
+    registry = CollectorRegistry()
+    Counter(EXACT_UPGRADE_ROWS, "rows", ["arm"], registry=registry).labels("ridgefill").inc(5)
+    Counter(EXACT_UPGRADES_DONE, "done", ["arm"], registry=registry).labels("ridgefill").inc()
+    Gauge(LIVE_REQUESTS, "live", registry=registry).set(2)
+    text = generate_latest(registry).decode()
+    assert metric_value(text, EXACT_UPGRADE_ROWS + "_total") == 5
+    assert metric_value(text, EXACT_UPGRADES_DONE + "_total") == 1
+    assert metric_value(text, LIVE_GAUGE) == 2
