@@ -40,7 +40,7 @@ RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written befor
 MAP_KINDS = tuple(kinds.MAP_KINDS)
 CHOOSE_SPLIT = "choose-split"  # the group of runs behind the map kind x split x rows table
 QUESTION_BLIND = "question-blind"  # rows chosen without reading the question, against the question-aware ones
-SELECTION_LAYERS = "selection-layers"  # how the rows are chosen on a deeper model: which lower layers, a digits reserve
+SELECTION_LAYERS = "selection-layers"  # how the rows are chosen on a deeper model: which lower layers, a reserve
 CALIBRATION_DOMAIN = "calibration-domain"  # maps fitted on prose, code or both, measured on haystacks of each
 LENGTH = "length"  # the quality preset at 16K and 32K, and maps fitted on documents as long as the prompts
 LATER_QUESTIONS = "later-questions"  # questions asked second and third on a cached document, by reuse design
@@ -223,10 +223,16 @@ _LONG_DOCS = ("--doc-tokens", "16384", "--max-doc-pieces", "1", "--min-doc-token
 # filled-region samples (kv+context maps, the exact arm once).
 SMOL_LAYER_SETS = ((3, 7, 11), (4, 9, 14), (8, 11, 14))
 # Every layer set above left the needle partly filled in about half of the prompts (those scored 16 against 85 for
-# the rest): the shipped selection (layers 3, 7 and 11) with up to 3 % of the prefix for digit tokens inside the
-# same 10 % budget, the lexical reserve that brought the question-blind selection on Qwen to the question-aware
-# one's score (the needles' values are numbers).
-SMOL_DIGITS_ROWS = pooled_tail_rows((3, 7, 11)) + " reserve digits() up to 3%"
+# the rest): the shipped selection (layers 3, 7 and 11) with up to 3 % of the prefix reserved inside the same 10 %
+# budget, for digit tokens (the reserve that brought the question-blind selection on Qwen to the question-aware
+# one's score; the needles' values are numbers) or for the sentences that share words with the question
+# (lexical_net, as the Qwen3.8-27B policy reserves).
+SMOL_RESERVES = {"digits": "digits() up to 3%", "lexical": "lexical_net() up to 3%"}
+
+
+def smol_reserve_rows(reserve: str) -> str:
+    """The shipped selection reading layers 3, 7 and 11 with one of :data:`SMOL_RESERVES` inside its budget."""
+    return pooled_tail_rows((3, 7, 11)) + " reserve " + SMOL_RESERVES[reserve]
 
 
 def _layer_flags(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
@@ -292,9 +298,10 @@ RUNS = (
     *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
           _layer_flags(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
       for i, layers in enumerate(SMOL_LAYER_SETS)),
-    Run("smollm2-135m-kv-context-s15-l3-7-11-digits-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
-        ("--preset", "quality", "--docs", "0", "--needle-arms", "ridgefill+rows", "--rows-select", SMOL_DIGITS_ROWS),
-        map_kind="kv+context", group=SELECTION_LAYERS),
+    *(Run(f"smollm2-135m-kv-context-s15-l3-7-11-{reserve}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
+          ("--preset", "quality", "--docs", "0", "--needle-arms", "ridgefill+rows",
+           "--rows-select", smol_reserve_rows(reserve)), map_kind="kv+context", group=SELECTION_LAYERS)
+      for reserve in SMOL_RESERVES),
     *(Run(f"qwen2.5-1.5b-s14-l{'-'.join(map(str, layers))}-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,),
           _layer_flags(layers, exact=False), group=SELECTION_LAYERS)
       for layers in QWEN_1_5B_LAYER_SETS),

@@ -173,16 +173,19 @@ def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypat
 
 def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path):
     group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
-    smol = [r for r in group if r.model == "smollm2-135m" and "digits" not in r.name]
-    assert [r.name for r in smol] == [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q"
-                                      for l in results.SMOL_LAYER_SETS]
-    # The shipped selection with a digits reserve inside its budget, paired with the layer runs' exact arm.
-    (digits,) = [r for r in group if r.model == "smollm2-135m" and "digits" in r.name]
-    assert digits.rows_select == results.POOLED_TAIL_ROWS + " reserve digits() up to 3%"
-    assert digits.extra[digits.extra.index("--needle-arms") + 1] == "ridgefill+rows"
-    assert digits.map_kind == "kv+context" and digits.split == 15
-    sources = results.exact_sources(digits, results.RUNS, tmp_path, results.REPO_DOCS)
-    assert results.REPO_DOCS / "results" / "smollm2-135m-kv-context-s15-l3-7-11-q" in sources
+    layer_names = [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q" for l in results.SMOL_LAYER_SETS]
+    smol = [r for r in group if r.name in layer_names]
+    assert [r.name for r in smol] == layer_names
+    # The shipped selection with a reserve inside its budget, paired with the layer runs' exact arm.
+    reserves = [r for r in group if r.model == "smollm2-135m" and r.name not in layer_names]
+    assert [r.name for r in reserves] == ["smollm2-135m-kv-context-s15-l3-7-11-digits-q",
+                                          "smollm2-135m-kv-context-s15-l3-7-11-lexical-q"]
+    for run, reserve in zip(reserves, ("digits() up to 3%", "lexical_net() up to 3%")):
+        assert run.rows_select == results.POOLED_TAIL_ROWS + " reserve " + reserve
+        assert run.extra[run.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+        assert run.map_kind == "kv+context" and run.split == 15
+        sources = results.exact_sources(run, results.RUNS, tmp_path, results.REPO_DOCS)
+        assert results.REPO_DOCS / "results" / "smollm2-135m-kv-context-s15-l3-7-11-q" in sources
     for run, layers in zip(smol, results.SMOL_LAYER_SETS):
         shown = f"layers=[{', '.join(map(str, layers))}]"
         assert run.rows_select.count(shown) == 2 and max(layers) < run.split and run.map_kind == "kv+context"
