@@ -232,13 +232,14 @@ SMOL_RESERVES = {"digits": "digits() up to 3%", "lexical": "lexical_net() up to 
 
 def smol_reserve_rows(reserve: str) -> str:
     """The shipped selection reading layers 3, 7 and 11 with one of :data:`SMOL_RESERVES` inside its budget."""
-    return pooled_tail_rows((3, 7, 11)) + " reserve " + SMOL_RESERVES[reserve]
+    return POOLED_TAIL_ROWS + " reserve " + SMOL_RESERVES[reserve]
 
 
-def _layer_flags(layers: tuple[int, ...], exact: bool) -> tuple[str, ...]:
-    """The quality preset's needle arms of a selection-layers run: the shipped selection reading ``layers``."""
+def _selection_flags(rows_select: str, *, exact: bool) -> tuple[str, ...]:
+    """The quality preset's needle arms of a selection-layers run choosing its rows by ``rows_select`` (the exact
+    arm only in the run that holds it for its group)."""
     arms = "exact,ridgefill+rows" if exact else "ridgefill+rows"
-    return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", pooled_tail_rows(layers))
+    return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", rows_select)
 
 
 # Qwen2.5-Coder-1.5B has 28 layers: at 4K the shipped selection (layers 3, 7 and 11) missed 3 of 96 filled-region
@@ -296,14 +297,13 @@ RUNS = (
     Run("smollm2-135m-kv-context-s15-pooled-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,), _QUALITY_POOLED,
         map_kind="kv+context", group=CHOOSE_SPLIT),
     *(Run(f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, layers))}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
-          _layer_flags(layers, exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
+          _selection_flags(pooled_tail_rows(layers), exact=i == 0), map_kind="kv+context", group=SELECTION_LAYERS)
       for i, layers in enumerate(SMOL_LAYER_SETS)),
     *(Run(f"smollm2-135m-kv-context-s15-l3-7-11-{reserve}-q", "smollm2-135m", _SMOL_SPLITS, 15, (4096,),
-          ("--preset", "quality", "--docs", "0", "--needle-arms", "ridgefill+rows",
-           "--rows-select", smol_reserve_rows(reserve)), map_kind="kv+context", group=SELECTION_LAYERS)
+          _selection_flags(smol_reserve_rows(reserve), exact=False), map_kind="kv+context", group=SELECTION_LAYERS)
       for reserve in SMOL_RESERVES),
     *(Run(f"qwen2.5-1.5b-s14-l{'-'.join(map(str, layers))}-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,),
-          _layer_flags(layers, exact=False), group=SELECTION_LAYERS)
+          _selection_flags(pooled_tail_rows(layers), exact=False), group=SELECTION_LAYERS)
       for layers in QWEN_1_5B_LAYER_SETS),
     *(Run(_domain_name(corpus), "qwen2.5-coder-0.5b", (12,), 12, (4096,), _DOMAIN, group=CALIBRATION_DOMAIN,
           corpus=corpus) for corpus in DOMAIN_CORPORA),
