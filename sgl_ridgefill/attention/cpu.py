@@ -26,8 +26,13 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from .contract import current_row_queries, hidden_keys
 
 BACKEND_NAME = "ridgefill_cpu"
-# Query rows per masked SDPA call: bounds the [rows, keys] mask (torch's CPU kernel tiles the scores).
-QUERY_BLOCK = 512
+# Query rows per masked SDPA call. torch's CPU flash kernel reads every key up to the block's last position
+# for every row of the block, masked or not, so for a selection's scattered rows small blocks follow their
+# positions: 64-row blocks attended the rows policy's 510 rows (windows of 17 over a 5K prefix) 1.5-1.8x as
+# fast as 512-row blocks, its 1,530 rows over a 15K prefix about as fast (0.94-1.03x; AVX512 CPU, float32 and
+# bfloat16, 2 threads: ``python -m sgl_ridgefill.bench.scattered_rows``). An unmasked call over the keys before
+# each block, merged by log-sum-exp with a masked one over its span, was no faster.
+QUERY_BLOCK = 64
 # Consecutive rows from which one run goes through the two unmasked calls of ``_attend_run``.
 MIN_RUN = 32
 
@@ -126,7 +131,7 @@ class RidgeFillCpuAttnBackend(TorchNativeAttnBackend):
         """Rows at positions ``first .. first+n-1``, every key visible: a causal call over their own keys
         (the diagonal block) and, after a prefix, an unmasked one over keys ``0 .. first-1``, merged by their
         log-sum-exp. Neither call takes a mask: for a 1,024-row tail over 8K and 16K keys (Qwen2.5-0.5B
-        heads) two masked 512-row blocks took 1.2-1.9x as long, float32 and bfloat16 (AVX512 CPU;
+        heads) masked query blocks took 1.2-1.9x as long, float32 and bfloat16 (AVX512 CPU;
         ``python -m sgl_ridgefill.bench.tail_attention``)."""
         n = q.shape[0]
         keys, values = self._kv(layer, slots[: first + n], q.dtype)

@@ -2,7 +2,8 @@
 
 ``python -m sgl_ridgefill.bench.tail_attention [--lengths 8192,16384] [--tail 1024] [--repeats 5]`` prints,
 per dtype and prompt length, the best time of each and their ratio, alternating the two: *masked*, the
-rows in 512-row query blocks over the keys up to each block with a causal mask offset by the prefix; *split*
+rows in query blocks of the backend's ``QUERY_BLOCK`` rows over the keys up to each block with a causal mask
+offset by the prefix (what ``ridgefill_cpu`` runs for rows that are not one run); *split*
 (what ``ridgefill_cpu`` runs, ``attention/cpu.py``), a causal call over the rows' own keys merged by
 log-sum-exp with an unmasked call over the prefix. Heads are Qwen2.5-0.5B's (14 query, 2 KV, 64 wide).
 """

@@ -75,3 +75,31 @@ def test_no_query_gives_zero_for_every_key():
     k = torch.randn(9, 2, 4)
     got = attention_received_reference(torch.randn(0, 4, 4), k, torch.arange(0), torch.arange(9), 1.0)
     assert torch.equal(got, torch.zeros(9))
+
+
+def test_on_the_host_one_pass_takes_queries_in_cache_sized_blocks(monkeypatch):
+    # Blocks of a few hundred queries' scores overflow the CPU's caches between the GEMM and the softmax: on the
+    # host the block holds at most _HOST_BLOCK_SCORES scores, whatever `block` allows.
+    from sgl_ridgefill.kernels import attention_stats
+
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(40, 6, 8, generator=g), torch.randn(90, 3, 8, generator=g)
+    q_pos, k_pos = torch.arange(50, 90), torch.arange(90)
+    monkeypatch.setattr(attention_stats, "_HOST_BLOCK_SCORES", 6 * 90 * 4)  # four queries' scores
+    sizes = _recording_matmul(monkeypatch)
+    got = attention_received_reference(q, k, q_pos, k_pos, 0.3, block=4096)  # the memory bound allows all 40
+    assert torch.allclose(got, _direct(q, k, q_pos, k_pos, 0.3), atol=1e-5)
+    assert max(sizes) == 3 * 4 * 2 * 90  # [3 kv heads, 4 queries x 2 heads, 90 keys]
+    assert sizes.count(3 * 4 * 2 * 90) == 10
+
+
+def test_a_query_that_sees_no_key_adds_nothing_beside_queries_that_see_keys():
+    # One block holds both: the blind query's row is not masked (no NaN) and weighs nothing.
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(6, 4, 8, generator=g), torch.randn(12, 2, 8, generator=g)
+    k_pos = torch.arange(5, 17)
+    q_pos = torch.tensor([1, 3, 9, 12, 15, 16])  # the first two see no key
+    got = attention_received_reference(q, k, q_pos, k_pos, 0.5, block=64)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, _direct(q[2:], k, q_pos[2:], k_pos, 0.5), atol=1e-5)
+    assert torch.allclose(got.sum(), torch.tensor(16.0))  # four queries x four heads

@@ -116,6 +116,8 @@ def test_row_segments_match_dense_attention():
         "exact rows then the tail": [3, 17, 40, 41, 150, *range(240, 300)],
         "from position 0": list(range(0, 120)),
         "short runs only": [5, 6, 7, 90, 91, 299],
+        # A pooled selection's windows, more than one masked query block of them.
+        "windows over several blocks": [p for start in range(0, 290, 12) for p in range(start, start + 5)],
     }
     for dtype, atol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         pool.k, pool.v = pool.k.to(dtype), pool.v.to(dtype)
@@ -127,6 +129,7 @@ def test_row_segments_match_dense_attention():
             want = _dense(q, pool.k[slots], pool.v[slots], positions)
             assert torch.allclose(out.float(), want, atol=atol), (name, dtype, (out.float() - want).abs().max())
     assert [whole for *_, whole in cpu._segments(cases["exact rows then the tail"], all_visible=True)] == [False, True]
+    assert len(cases["windows over several blocks"]) > cpu.QUERY_BLOCK
     # Hidden keys: every row through the masked path, which honours them.
     visible = torch.rand(seq, generator=torch.Generator().manual_seed(2)) > 0.3
     visible[0] = True
