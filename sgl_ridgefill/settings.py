@@ -236,7 +236,8 @@ SETTINGS: tuple[Setting, ...] = (
                     "maps with a sink rule) runs in forwards of at most about ROWS rows with a decode step between "
                     "them: chunks of ROWS tokens, and its last upper-layer pass (the exact rows and the tail) in "
                     "slices of ROWS rows, at most 8, instead of one forward that every decoding request waits for "
-                    "(default: an eighth of SGLang's chunked-prefill size; 0: SGLang's chunks and one forward). "
+                    "(default: 3/32 of SGLang's chunked-prefill size, 384 rows at the CPU launcher's 4,096; 0: SGLang's chunks "
+                    "and one forward). "
                     "Needs one device, a dense model and page size 1"),
     IntSetting(name="upgrade_rows", minimum=0, metavar="ROWS",
                help="the exact upgrade: after its first token, a request of a policy that chooses its exact rows again "

@@ -248,12 +248,20 @@ def test_a_request_ridgefill_does_not_cut_keeps_the_budget_it_left(runtime):
     assert adder.new_chunked_req is None and adder.rem_chunk_tokens == 4096 - N
 
 
-def test_rows_per_forward_default_to_an_eighth_of_sglangs_chunk():
+def test_rows_per_forward_default_to_three_thirty_seconds_of_sglangs_chunk():
     from sgl_ridgefill.runtime.factory import slice_rows
 
     assert (slice_rows(None, 4096), slice_rows(None, 8192), slice_rows(None, -1), slice_rows(None, None)) == (
-        512, 1024, 1024, 1024)
+        384, 768, 768, 768)
     assert (slice_rows(0, 4096), slice_rows(300, 4096)) == (0, 300)
+
+
+def test_upgrade_rows_default_to_an_eighth_of_sglangs_chunk():
+    from sgl_ridgefill.runtime.factory import upgrade_rows
+
+    assert (upgrade_rows(None, 4096), upgrade_rows(None, 8192), upgrade_rows(None, -1), upgrade_rows(None, None)) == (
+        512, 1024, 1024, 1024)
+    assert (upgrade_rows(0, 4096), upgrade_rows(300, 4096)) == (0, 300)
 
 
 def test_a_request_the_slicer_cannot_read_keeps_sglangs_schedule():
