@@ -31,7 +31,8 @@ from .runtime import RidgeFillRuntime
 logger = logging.getLogger("sgl_ridgefill")
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
-# SGLang's chunked prefill turned off: the upper pass still runs in steps of this many rows.
+# SGLang's chunked prefill turned off: the upper pass still runs in steps of this many rows, and the slicing and
+# upgrade defaults (below) take their shares of it.
 UNCHUNKED_ROWS = 8192
 
 
@@ -231,8 +232,6 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
     return rt
 
 
-# SGLang's chunked-prefill size for the defaults below when it does not chunk.
-_UNCHUNKED_DEFAULT = 8192
 # Rows per forward of a RidgeFill prefill while others decode: 3/32 of SGLang's chunk, 384 rows at the CPU
 # launcher's 4,096. With an eighth (512 rows) the rows policy's last forwards ran about 2.1 s each on a 2-core
 # AMD EPYC (AVX-512 BF16, bfloat16), and SGLang's serving benchmark on random 6K prompts, two at a time, measured
@@ -247,7 +246,7 @@ def _share_of_chunk(setting: int | None, chunk: int | None, share: tuple[int, in
     if setting is not None:
         return setting
     num, den = share
-    return max(1, (chunk if chunk and chunk > 0 else _UNCHUNKED_DEFAULT) * num // den)
+    return max(1, (chunk if chunk and chunk > 0 else UNCHUNKED_ROWS) * num // den)
 
 
 def slice_rows(setting: int | None, chunk: int | None) -> int:
