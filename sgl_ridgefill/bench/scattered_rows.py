@@ -4,8 +4,8 @@
 prints, per dtype and prompt length, the best time of two ways to attend the same rows, alternating them, and
 their ratio: *masked*, blocks of 512 rows over the keys up to each block's last position under one causal mask;
 *backend*, what ``ridgefill_cpu`` runs for rows that are not one run (``attention/cpu.py``), the same in
-blocks of its ``QUERY_BLOCK`` rows. The rows are what a pooled attention selection chooses: ``share`` of the prefix in windows of
-``window`` consecutive rows at random places. Heads are Qwen2.5-0.5B's (14 query, 2 KV, 64 wide).
+blocks of its ``QUERY_BLOCK`` rows. The rows are what a pooled attention selection chooses: ``share`` of
+the prefix in windows of ``window`` consecutive rows at random places. Heads are Qwen2.5-0.5B's (14 query, 2 KV, 64 wide).
 """
 
 from __future__ import annotations
@@ -13,32 +13,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-
 from types import SimpleNamespace
 
 import torch
-from torch.nn.functional import scaled_dot_product_attention
 
 from ..attention.cpu import RidgeFillCpuAttnBackend
 from ..tools import args as argtypes
-from .tail_attention import HEAD_DIM, HEADS, KV_HEADS
+from .tail_attention import HEAD_DIM, HEADS, KV_HEADS, masked_rows as masked
 
 WIDE_BLOCK = 512
-
-
-def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, block: int,
-           scale: float) -> torch.Tensor:
-    """``q``: ``[1, heads, n, d]`` at ``positions`` (ascending), ``k``/``v``: ``[1, kv_heads, N, d]``: each block
-    of ``block`` rows over the keys up to its last position, causally masked."""
-    out = []
-    n = q.shape[2]
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        kv_len = int(positions[hi - 1]) + 1
-        mask = torch.arange(kv_len)[None, :] <= positions[lo:hi, None]
-        out.append(scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, :kv_len], v[:, :, :kv_len], attn_mask=mask,
-                                                scale=scale, enable_gqa=True))
-    return torch.cat(out, 2)
 
 
 def backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:

@@ -23,16 +23,23 @@ from ..tools import args as argtypes
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
 
 
-def masked(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+def masked_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, block: int,
+                scale: float) -> torch.Tensor:
+    """``q``: ``[1, heads, n, d]`` at ``positions`` (ascending), ``k``/``v``: ``[1, kv_heads, N, d]``: each block
+    of ``block`` rows over the keys up to its last position, causally masked."""
     out = []
     n = q.shape[2]
-    for lo in range(0, n, QUERY_BLOCK):
-        hi = min(n, lo + QUERY_BLOCK)
-        kv_len = prefix + hi
-        mask = torch.ones((hi - lo, kv_len), dtype=torch.bool).tril_(prefix + lo)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        kv_len = int(positions[hi - 1]) + 1
+        mask = torch.arange(kv_len)[None, :] <= positions[lo:hi, None]
         out.append(scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, :kv_len], v[:, :, :kv_len], attn_mask=mask,
                                                 scale=scale, enable_gqa=True))
     return torch.cat(out, 2)
+
+
+def masked(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+    return masked_rows(q, k, v, torch.arange(prefix, prefix + q.shape[2]), QUERY_BLOCK, scale)
 
 
 def split(q, k, v, prefix: int, scale: float) -> torch.Tensor:
