@@ -21,7 +21,10 @@ before each run. The workloads (:data:`WORKLOADS`) are what long-prompt serving 
 Per workload and server the report holds TTFT mean, median and p99, p99 inter-token latency with the five
 longest inter-token gaps (a p99 over a few hundred gaps is set by its few longest), request and output
 throughput, the benchmark's duration and the client's command; ``docs/SERVING.md`` puts them side by
-side with the machine (CPU model, capability, dtype) and ``docs/serving.json`` holds them as numbers.
+side with the machine (CPU model, capability, dtype) and ``docs/serving.json`` holds them as numbers. Every
+server gets the same prompts in the same order (one seed), so each request's TTFT is also compared with stock's
+for the same request (:func:`paired`): the median of those ratios says whether a difference of medians is
+every request or a few, which eight requests' medians alone cannot.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import argparse
 import json
 import pathlib
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +92,25 @@ def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
     if line.get("itls") is not None:
         gaps = sorted((g * 1e3 for request in line["itls"] for g in request), reverse=True)
         out.update(itl_longest_ms=gaps[:LONGEST_GAPS], itl_count=len(gaps))
+    if line.get("ttfts") is not None:
+        out["ttfts_s"] = list(line["ttfts"])
+    return out
+
+
+def paired(entry: Mapping[str, Any], reference: str = "stock") -> dict[str, dict[str, Any]]:
+    """Each server's TTFT against ``reference``'s request by request: ``median_ratio`` (the median over requests
+    of server / reference TTFT), ``slower`` (requests where the server's was longer) of ``n``. Only servers whose
+    run has every request's TTFT, as many as the reference's (SGLang's client sends the same prompts in the same
+    order for one seed)."""
+    base = (entry.get(reference) or {}).get("ttfts_s")
+    out = {}
+    for server, r in entry.items():
+        own = (r or {}).get("ttfts_s")
+        if server == reference or not base or not own or len(own) != len(base) or not all(t > 0 for t in base):
+            continue
+        ratios = [a / b for a, b in zip(own, base)]
+        out[server] = {"median_ratio": statistics.median(ratios), "slower": sum(x > 1 for x in ratios),
+                       "n": len(ratios)}
     return out
 
 
@@ -130,26 +153,31 @@ def markdown(report: Mapping[str, Any]) -> str:
         "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
         "multi-turn, which it requires), the radix cache flushed before each run.",
         "",
-        "| workload | server | TTFT mean | TTFT median | TTFT p99 | p99 ITL | duration | requests/s | output tok/s | "
-        "longest ITLs (of all) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | server | TTFT mean | TTFT median | TTFT p99 | TTFT / stock's, same request (median; slower) | "
+        "p99 ITL | duration | requests/s | output tok/s | longest ITLs (of all) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in report["workloads"].items():
+        pairs = paired(entry)
         for server, r in entry.items():
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {name} | {server} | error: {r['error'][:120]} ||||||||")
+                lines.append(f"| {name} | {server} | error: {r['error'][:120]} |||||||||")
                 continue
             lines.append(
                 f"| {name} | {server} | {r['ttft_mean_s']:.2f} s | {r['ttft_p50_s']:.2f} s | {r['ttft_p99_s']:.2f} s | "
-                f"{r['itl_p99_ms']:.0f} ms | {r['duration_s']:.1f} s | {r['requests_per_s']:.3f} | "
+                f"{_paired(pairs.get(server))} | {r['itl_p99_ms']:.0f} ms | {r['duration_s']:.1f} s | {r['requests_per_s']:.3f} | "
                 f"{r['output_tokens_per_s']:.2f} | {_longest(r)} |"
             )
     lines += ["", "Client commands (URL and output file stand for the run's own; prompt lengths before the scale):", ""]
     lines += [f"- `{name}`: `python -m sglang.benchmark.serving --backend {BACKENDS.get(name, 'sglang')} {' '.join(WORKLOADS[name])}`"
               for name in report["workloads"]]
     return "\n".join(lines) + "\n"
+
+
+def _paired(p: Mapping[str, Any] | None) -> str:
+    return "–" if p is None else f"{p['median_ratio']:.3f}x; {p['slower']} of {p['n']}"
 
 
 def _longest(r: Mapping[str, Any]) -> str:
@@ -224,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
                 except (RuntimeError, subprocess.TimeoutExpired) as error:
                     entry[server] = {"error": str(error)}
                 print(f"{workload} {server}: {entry[server]}", file=sys.stderr, flush=True)
+            for server, pair in paired(entry).items():
+                entry[server]["ttft_vs_stock"] = pair
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "serving.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "SERVING.md").write_text(markdown(report))

@@ -81,3 +81,24 @@ def test_multi_turn_runs_through_sglangs_chat_backend():
     assert cmd[cmd.index("--backend") + 1] == "sglang-oai-chat" and "--gsp-num-turns" in cmd
     assert "--backend sglang-oai-chat --dataset-name generated-shared-prefix" in serving.markdown(
         {"command": "c", "model": "m", "ridgefill_flags": [], "machine": {}, "workloads": {"multi-turn": {}}})
+
+
+def test_each_request_is_compared_with_stocks_same_request():
+    """The same seed sends every server the same prompts in the same order: the median of the per-request
+    ratios says whether a server is slower on most requests, which two medians of eight cannot."""
+    stock = serving.parse_result({"ttfts": [20.0, 1.0, 2.0, 1.0]})
+    assert stock["ttfts_s"] == [20.0, 1.0, 2.0, 1.0]
+    entry = {"stock": stock, "ridgefill": {"ttfts_s": [10.0, 1.1, 1.0, 1.2]}, "short": {"ttfts_s": [1.0]},
+             "failed": {"error": "boom"}}
+    got = serving.paired(entry)
+    assert set(got) == {"ridgefill"}  # a run with another count of requests, or none, is not paired
+    assert got["ridgefill"]["slower"] == 2 and got["ridgefill"]["n"] == 4
+    assert abs(got["ridgefill"]["median_ratio"] - 0.8) < 1e-12  # ratios 0.5, 1.1, 0.5, 1.2
+    assert serving.paired({"ridgefill": {"ttfts_s": [1.0]}}) == {}  # no stock run
+    row = {"ttft_mean_s": 1.0, "ttft_p50_s": 1.0, "ttft_p99_s": 1.0, "itl_p99_ms": 5.0, "duration_s": 2.0,
+           "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "completed": 4}
+    report = {"command": "c", "model": "m", "ridgefill_flags": [], "machine": {},
+              "workloads": {"shared-prefix": {"stock": {**stock, **row}, "ridgefill": {**row, **entry["ridgefill"]}}}}
+    text = serving.markdown(report)
+    assert "| shared-prefix | ridgefill | 1.00 s | 1.00 s | 1.00 s | 0.800x; 2 of 4 |" in text
+    assert "| shared-prefix | stock | 1.00 s | 1.00 s | 1.00 s | – |" in text
