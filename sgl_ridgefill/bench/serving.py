@@ -24,7 +24,10 @@ throughput, the benchmark's duration and the client's command; ``docs/SERVING.md
 side with the machine (CPU model, capability, dtype) and ``docs/serving.json`` holds them as numbers. Every
 server gets the same prompts in the same order (one seed), so each request's TTFT is also compared with stock's
 for the same request (:func:`paired`): the median of those ratios says whether a difference of medians is
-every request or a few, which eight requests' medians alone cannot.
+every request or a few, which eight requests' medians alone cannot. Two runs of the same server differ by
+10-20 % per request on a small CPU, so ``--rounds N`` runs each workload N times on every server, the servers'
+order reversed every other round and a new seed (new prompts) each round: the report pools the rounds' requests
+(:func:`pool`) and pairs each round's requests with stock's of the same round.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
         out[name] = None if value is None else (value * factor if isinstance(factor, float) else value)
     if line.get("itls") is not None:
         gaps = sorted((g * 1e3 for request in line["itls"] for g in request), reverse=True)
-        out.update(itl_longest_ms=gaps[:LONGEST_GAPS], itl_count=len(gaps))
+        out.update(itl_longest_ms=gaps[:LONGEST_GAPS], itl_count=len(gaps), itl_gaps_ms=gaps)
     if line.get("ttfts") is not None:
         out["ttfts_s"] = list(line["ttfts"])
     return out
@@ -100,18 +103,64 @@ def parse_result(line: Mapping[str, Any]) -> dict[str, Any]:
 def paired(entry: Mapping[str, Any], reference: str = "stock") -> dict[str, dict[str, Any]]:
     """Each server's TTFT against ``reference``'s request by request: ``median_ratio`` (the median over requests
     of server / reference TTFT), ``slower`` (requests where the server's was longer) of ``n``. Only servers whose
-    run has every request's TTFT, as many as the reference's (SGLang's client sends the same prompts in the same
-    order for one seed)."""
-    base = (entry.get(reference) or {}).get("ttfts_s")
+    every round has every request's TTFT, as many as the reference's in the same round (SGLang's client sends the
+    same prompts in the same order for one seed); a pooled result pairs round by round (``rounds``)."""
+    base = _round_ttfts(entry.get(reference))
     out = {}
     for server, r in entry.items():
-        own = (r or {}).get("ttfts_s")
-        if server == reference or not base or not own or len(own) != len(base) or not all(t > 0 for t in base):
+        own = _round_ttfts(r)
+        if server == reference or not base or len(own) != len(base):
             continue
-        ratios = [a / b for a, b in zip(own, base)]
+        if any(not o or len(o) != len(b) or not all(t > 0 for t in b) for o, b in zip(own, base)):
+            continue
+        ratios = [a / b for o, bs in zip(own, base) for a, b in zip(o, bs)]
         out[server] = {"median_ratio": statistics.median(ratios), "slower": sum(x > 1 for x in ratios),
                        "n": len(ratios)}
     return out
+
+
+def _round_ttfts(r: Mapping[str, Any] | None) -> list[list[float]]:
+    """Every request's TTFT of ``r``, one list per round (an unpooled result is one round)."""
+    if not r or "error" in r:
+        return []
+    rounds = r.get("rounds") or [r]
+    return [list(x.get("ttfts_s") or []) for x in rounds]
+
+
+def pool(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One server's result over several rounds of one workload: TTFT mean, median and p99 and the p99
+    inter-token latency over every request and gap of every round (numpy's linear percentile, as SGLang's
+    client computes them), the mean duration per round, throughput over the rounds' total time; ``rounds`` keeps
+    each round's own figures. One round is returned as it is; a failed round makes the whole an error."""
+    failed = [r["error"] for r in rounds if "error" in r]
+    if failed:
+        return {"error": failed[0], "rounds": [dict(r) for r in rounds]}
+    if len(rounds) == 1:
+        return {k: v for k, v in rounds[0].items() if k != "itl_gaps_ms"}
+    import numpy as np
+
+    ttfts = [t for r in rounds for t in r.get("ttfts_s") or []]
+    gaps = sorted((g for r in rounds for g in r.get("itl_gaps_ms") or []), reverse=True)
+    seconds = sum(r["duration_s"] for r in rounds)
+    out = {
+        "ttft_mean_s": float(np.mean(ttfts)), "ttft_p50_s": float(np.median(ttfts)),
+        "ttft_p99_s": float(np.percentile(ttfts, 99)),
+        "itl_p99_ms": float(np.percentile(gaps, 99)) if gaps else None,
+        "duration_s": seconds / len(rounds),
+        "requests_per_s": sum(r["completed"] for r in rounds) / seconds,
+        "output_tokens_per_s": sum(r["output_tokens_per_s"] * r["duration_s"] for r in rounds) / seconds,
+        "completed": sum(r["completed"] for r in rounds),
+        "rounds": [{k: v for k, v in r.items() if k != "itl_gaps_ms"} for r in rounds],
+    }
+    if gaps:
+        out.update(itl_longest_ms=gaps[:LONGEST_GAPS], itl_count=len(gaps))
+    return out
+
+
+def round_order(servers: Sequence[str], k: int) -> list[str]:
+    """The servers' order in round ``k``: as given in even rounds, reversed in odd ones, so a drift of the
+    machine over a run (warming, another process) weighs on every server alike."""
+    return list(servers) if k % 2 == 0 else list(reversed(servers))
 
 
 def run_client(command: list[str], output: pathlib.Path, *, timeout: float) -> dict[str, Any]:
@@ -151,7 +200,10 @@ def markdown(report: Mapping[str, Any]) -> str:
         + (f"; SGLang flags of every server: `{' '.join(report['server_flags'])}`" if report.get("server_flags") else "")
         + ". Each workload ran on every server in turn "
         "with `python -m sglang.benchmark.serving` (SGLang's client; its `sglang` backend, `sglang-oai-chat` for "
-        "multi-turn, which it requires), the radix cache flushed before each run.",
+        "multi-turn, which it requires), the radix cache flushed before each run"
+        + (f"; {report['rounds']} rounds, the servers' order reversed every other round and seed k in round k: "
+           "TTFTs and inter-token gaps pool every round's requests, duration is per round, and each request is "
+           "paired with stock's in its own round" if report.get("rounds", 1) > 1 else "") + ".",
         "",
         "| workload | server | TTFT mean | TTFT median | TTFT p99 | TTFT / stock's, same request (median; slower) | "
         "p99 ITL | duration | requests/s | output tok/s | longest ITLs (of all) |",
@@ -201,8 +253,18 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="scale the prompt lengths (default 1.0)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"),
                    help="folder for SERVING.md and serving.json (default docs)")
+    p.add_argument("--rounds", type=_positive, default=1,
+                   help="runs of each workload on every server, the order reversed every other round and a new seed "
+                        "each; the report pools them (default 1)")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per client run (default 7200)")
     p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of rounds, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -226,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
     longest = int(6144 * args.scale) + 1024
     report: dict[str, Any] = {
         "command": " ".join(shlex.quote(w) for w in ["sgl-ridgefill", "bench-serving", *sys.argv[2:]]),
+        "rounds": args.rounds,
         "model": pathlib.Path(model_dir).name, "ridgefill_flags": list(args.ridgefill_flags),
         "server_flags": list(args.server_flags), "scale": args.scale,
         "machine": machine_record(dtype=dtype.dtype, server_env=None, server_local=True), "workloads": {},
@@ -240,18 +303,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"starting the {server} server (log {log})", file=sys.stderr, flush=True)
             urls[server] = stack.enter_context(running_server(flags, log_path=log, timeout=1800))
         for workload in workloads:
-            entry = report["workloads"].setdefault(workload, {})
-            for server in servers:
-                import urllib.request
+            runs: dict[str, list[dict[str, Any]]] = {server: [] for server in servers}
+            for k in range(args.rounds):
+                for server in round_order(servers, k):
+                    import urllib.request
 
-                urllib.request.urlopen(urllib.request.Request(urls[server] + "/flush_cache", method="POST"), timeout=60)
-                output = pathlib.Path(tmp) / f"{workload}-{server}.jsonl"
-                command = client_command(urls[server], model_dir, workload, output, scale=args.scale)
-                try:
-                    entry[server] = run_client(command, output, timeout=args.timeout)
-                except (RuntimeError, subprocess.TimeoutExpired) as error:
-                    entry[server] = {"error": str(error)}
-                print(f"{workload} {server}: {entry[server]}", file=sys.stderr, flush=True)
+                    urllib.request.urlopen(urllib.request.Request(urls[server] + "/flush_cache", method="POST"),
+                                           timeout=60)
+                    output = pathlib.Path(tmp) / f"{workload}-{server}-{k}.jsonl"
+                    command = client_command(urls[server], model_dir, workload, output, seed=k, scale=args.scale)
+                    try:
+                        result = run_client(command, output, timeout=args.timeout)
+                    except (RuntimeError, subprocess.TimeoutExpired) as error:
+                        result = {"error": str(error)}
+                    runs[server].append(result)
+                    shown = {key: v for key, v in result.items() if key not in ("itl_gaps_ms", "ttfts_s")}
+                    print(f"{workload} round {k + 1}/{args.rounds} {server}: {shown}", file=sys.stderr, flush=True)
+            entry = report["workloads"].setdefault(workload, {})
+            entry.update({server: pool(runs[server]) for server in servers})
             for server, pair in paired(entry).items():
                 entry[server]["ttft_vs_stock"] = pair
             args.out.mkdir(parents=True, exist_ok=True)
