@@ -215,6 +215,10 @@ def _domain_name(corpus: str) -> str:
 _LENGTH = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
            "--rows-select", POOLED_TAIL_ROWS)
 _LENGTH_32K = (*_LENGTH, "--depths", "4")
+# Key-token loss at 16K for the same three arms on 8 held-out documents of the builtin prose (the needle grid's
+# exact arm comes from qwen2.5-0.5b-s12-16k-q: same maps, same prompts).
+_LENGTH_LOSS = ("--preset", "quality", "--docs", "8", "--needle-arms", "exact",
+                "--loss-arms", "exact,ridgefill,ridgefill+rows", "--rows-select", POOLED_TAIL_ROWS)
 _LONG_DOCS = ("--doc-tokens", "16384", "--max-doc-pieces", "1", "--min-doc-tokens", "4096")
 
 
@@ -311,6 +315,7 @@ RUNS = (
     Run("qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-coder-0.5b", (12,), 12, (16384,), _LENGTH, group=LENGTH,
         calibrate_extra=_LONG_DOCS, maps_tag="docs16k"),
     Run("qwen2.5-0.5b-s12-32k-q", "qwen2.5-coder-0.5b", (6, 12), 12, (32640,), _LENGTH_32K, group=LENGTH),
+    Run("qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,), _LENGTH_LOSS, group=LENGTH),
 )
 
 

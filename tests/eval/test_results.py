@@ -208,7 +208,18 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
     import pytest
 
     group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
-    assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q"}
+    assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q",
+                          "qwen2.5-0.5b-s12-16k-loss-q"}
+    loss = group["qwen2.5-0.5b-s12-16k-loss-q"]
+    # The key-token loss of the three arms at 16K, its needle grid's exact arm imported from the 16K run.
+    assert loss.extra[loss.extra.index("--loss-arms") + 1] == "exact,ridgefill,ridgefill+rows"
+    assert loss.extra[loss.extra.index("--needle-arms") + 1] == "exact"
+    assert loss.extra[loss.extra.index("--docs") + 1] != "0"
+    assert loss.maps_name() == group["qwen2.5-0.5b-s12-16k-q"].maps_name() and loss.lengths == (16384,)
+    (tmp_path / "runs" / "qwen2.5-0.5b-s12-16k-q").mkdir(parents=True)
+    (tmp_path / "runs" / "qwen2.5-0.5b-s12-16k-q" / results.RAW).write_text("{}\n")
+    assert tmp_path / "runs" / "qwen2.5-0.5b-s12-16k-q" in results.exact_sources(loss, results.RUNS, tmp_path / "runs",
+                                                                                tmp_path / "docs")
     assert group["qwen2.5-0.5b-s12-16k-q"].lengths == (16384,) and max(group["qwen2.5-0.5b-s12-32k-q"].lengths) < 32768
     long_docs = group["qwen2.5-0.5b-s12-16k-longdocs-q"]
     maps = tmp_path / long_docs.maps_name()
