@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -117,13 +117,54 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
 
 
 def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """{sessions, seconds, requests} over the run's ``session`` records (None: a run from before they were
-    recorded): what the run has cost so far, every resumption included."""
-    sessions = [r for r in records if r.get("kind") == "session"]
-    if not sessions:
+    """What the run has cost so far, every resumption included (None: a run from before sessions were
+    recorded): ``sessions``, ``seconds`` and ``requests``, and where some sessions did not end normally:
+
+    - ``stopped``: sessions killed before writing their own record; their requests name them
+      (``ResultStore.begin_session``), so each counts up to its last finished request;
+    - ``untimed_requests``, ``untimed_request_seconds``: requests of such sessions from before requests named
+      theirs. An unnamed session record counts the requests just before it as its own; the others before
+      them ran in sessions whose wall time is lost, and only their requests' own time is known.
+    """
+    from .runner import REQUEST_KINDS
+
+    recorded: dict[str, Mapping[str, Any]] = {}  # named sessions that wrote their record
+    last_at: dict[str, float] = {}  # named sessions: the time of their last request
+    count: Counter[str] = Counter()
+    unnamed = []  # session records without a name (older runs)
+    pending: list[Mapping[str, Any]] = []  # unnamed requests since the last unnamed session record
+    untimed: list[Mapping[str, Any]] = []
+    for r in records:
+        kind = r.get("kind")
+        if kind == "session" and r.get("session") is None:
+            unnamed.append(r)
+            own = min(int(r["requests"]), len(pending))
+            untimed += pending[: len(pending) - own]
+            pending = []
+        elif kind == "session":
+            recorded[r["session"]] = r
+        elif kind in REQUEST_KINDS and "copied_from" not in r:
+            if r.get("session") is None:
+                pending.append(r)
+            else:
+                last_at[r["session"]] = max(last_at.get(r["session"], 0.0), float(r.get("at", 0.0)))
+                count[r["session"]] += 1
+    untimed += pending
+    stopped = [name for name in last_at if name not in recorded]
+    if not (unnamed or recorded or stopped):
         return None
-    return {"sessions": len(sessions), "seconds": round(sum(float(r["seconds"]) for r in sessions), 1),
-            "requests": sum(int(r["requests"]) for r in sessions)}
+    done = [*unnamed, *recorded.values()]
+    out: dict[str, Any] = {
+        "sessions": len(done) + len(stopped),
+        "seconds": round(sum(float(r["seconds"]) for r in done) + sum(last_at[name] for name in stopped), 1),
+        "requests": sum(int(r["requests"]) for r in done) + sum(count[name] for name in stopped),
+    }
+    if stopped:
+        out["stopped"] = len(stopped)
+    if untimed:
+        out["untimed_requests"] = len(untimed)
+        out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- documents

@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
     from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
-    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, session_record, stock_check
+    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
 
     if args.engine and (args.url or args.stock_url):
         raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
@@ -385,7 +385,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit("sgl-ridgefill eval: nothing to run (no needle samples and --docs 0)")
     backend = _engines if args.engine else _servers
     jobs: list = []
-    done = 0
+    store.begin_session()
     try:
         with backend(args, model_dir, split, policy_file, max_len, None if checked else check_prompts) as (client, stock):
             if stock is not None:
@@ -402,10 +402,10 @@ def _run(args: argparse.Namespace) -> int:
             jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
             for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
                 (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
-                done += 1
     finally:
-        # This invocation's wall time, servers included, also when it is stopped: the report adds up sessions.
-        store.add(session_record(time.perf_counter() - started, done))
+        # This invocation's wall time, servers included, when it ends or is interrupted (a killed one counts
+        # to its last request through the requests' own records): the report adds up sessions.
+        store.add(store.end_session())
     print(f"{len(jobs)} request(s) in {time.perf_counter() - started:.0f} s", flush=True)
     return _write(args, load_records(results))
 

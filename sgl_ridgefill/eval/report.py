@@ -144,9 +144,22 @@ def _setup_table(meta: Row, wall: Row | None = None) -> str:
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             rows.append((name, f"`{value}`" if name == "command" else value))
     if wall:
-        rows.append(("wall time", f"{wall['seconds'] / 60:.1f} min in {wall['sessions']} session(s), "
-                                  f"{wall['requests']} request(s)"))
+        rows.append(("wall time", _wall_text(wall)))
     return table(("setting", "value"), rows)
+
+
+def _wall_text(wall: Mapping[str, Any]) -> str:
+    """``analysis.wall_time`` in words, with the sessions that did not end normally."""
+    text = f"{wall['seconds'] / 60:.1f} min in {wall['sessions']} session(s), {wall['requests']} request(s)"
+    stopped = wall.get("stopped", 0)
+    if stopped == 1:
+        text += "; 1 session stopped early, counted to its last request"
+    elif stopped:
+        text += f"; {stopped} sessions stopped early, each counted to its last request"
+    if wall.get("untimed_requests"):
+        text += (f"; {wall['untimed_requests']} more request(s) ran in sessions stopped before wall time was kept "
+                 f"per request ({wall['untimed_request_seconds'] / 60:.1f} min of request time)")
+    return text
 
 
 # -------------------------------------------------------------------------------------------------- tables

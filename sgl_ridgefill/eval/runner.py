@@ -13,7 +13,8 @@ import hashlib
 import json
 import pathlib
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,13 +45,25 @@ class EvalPlan:
     longtail: dict[int, int]  # length -> tail of the nofill+longtail arm
 
 
-class ResultStore:
-    """``results.jsonl``: one JSON record per line, appended and flushed as each request finishes."""
+# The records one request each writes (``run_needle``, ``run_loss``): what a session's time is spent on.
+REQUEST_KINDS = ("needle", "loss")
 
-    def __init__(self, path: pathlib.Path):
+
+class ResultStore:
+    """``results.jsonl``: one JSON record per line, appended and flushed as each request finishes.
+
+    Between :meth:`begin_session` and :meth:`end_session` every request record this invocation writes carries
+    the session's name and its time into the session (``session``, ``at``, seconds by ``clock``), so a session
+    stopped before it writes its own record (the process killed) still counts up to its last request
+    (``analysis.wall_time``)."""
+
+    def __init__(self, path: pathlib.Path, *, clock: Callable[[], float] = time.perf_counter):
         self.path = path
         self.done: set[tuple] = set()
         self.meta: dict | None = None
+        self.clock = clock
+        self.session: tuple[str, float] | None = None  # (name, clock at its start)
+        self.session_requests = 0
         if path.exists():
             from .analysis import load_records
 
@@ -69,7 +82,24 @@ class ResultStore:
     def has(self, **rec: Any) -> bool:
         return self.key(rec) in self.done
 
+    def begin_session(self) -> None:
+        """This invocation's session starts now (servers and the stock check are part of it)."""
+        self.session = (f"{time.strftime('%Y-%m-%dT%H:%M:%S')}/{uuid.uuid4().hex[:8]}", self.clock())
+        self.session_requests = 0
+
+    def end_session(self) -> dict:
+        """The session's own record: its wall time and the requests it completed."""
+        if self.session is None:
+            raise RuntimeError("end_session() without begin_session()")
+        name, start = self.session
+        self.session = None
+        return session_record(self.clock() - start, self.session_requests, name)
+
     def add(self, rec: dict) -> None:
+        if self.session is not None and rec.get("kind") in REQUEST_KINDS and "copied_from" not in rec:
+            name, start = self.session
+            rec = {**rec, "session": name, "at": round(self.clock() - start, 1)}
+            self.session_requests += 1
         with self.path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.done.add(self.key(rec))
@@ -86,11 +116,12 @@ def prompt_sha(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
-def session_record(seconds: float, requests: int) -> dict:
+def session_record(seconds: float, requests: int, session: str | None = None) -> dict:
     """One invocation of ``sgl-ridgefill eval`` on a results file: its wall time (servers and the stock check
     included) and the requests it completed; a resumed run has several (``analysis.wall_time``)."""
-    return {"kind": "session", "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1),
-            "requests": requests}
+    rec = {"kind": "session", "ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1),
+           "requests": requests}
+    return rec if session is None else {**rec, "session": session}
 
 
 class RanExact(RuntimeError):

@@ -476,6 +476,47 @@ def test_needle_rows_the_selection_ran_exactly(tmp_path):
     assert "| 4096 | ridgefill+rows | 4 | 30.0 | 30 | 30 | 62 % | 2 / 4 | 100.0 / 50.0 |" in text
 
 
+def test_wall_time_counts_a_session_stopped_before_it_recorded_its_end(tmp_path):
+    """A session killed mid-run (the machine taken away) never writes its session record: its requests carry
+    the session and their time into it, so the run's wall time counts it up to its last finished request."""
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, session_record
+
+    ticks = iter([100.0, 160.0, 220.0, 1000.0, 1030.0, 1041.0])
+    clock = lambda: next(ticks)  # noqa: E731
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8})
+    store.add({**_needle(4096, "t1", "c0", "exact", "filled", 100, 500), "copied_from": "elsewhere"})
+    store.begin_session()  # t = 100
+    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))  # t = 160
+    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))  # t = 220; then killed
+    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    resumed.begin_session()  # t = 1000
+    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))  # t = 1030
+    resumed.add(resumed.end_session())  # t = 1041: this session's own record
+    records = load_records(tmp_path / "results.jsonl")
+    assert wall_time(records) == {"sessions": 2, "seconds": 161.0, "requests": 3, "stopped": 1}
+    report = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
+    assert "| wall time | 2.7 min in 2 session(s), 3 request(s); 1 session stopped early, counted to its last request |" in report
+    assert session_record(1.0, 0)["kind"] == "session"
+
+
+def test_wall_time_names_the_requests_of_older_stopped_sessions_it_cannot_time(tmp_path):
+    """Records from before sessions were named: the requests just before a session record are its own (its
+    count of them); those before them ran in sessions stopped before their end, whose wall time is lost: the
+    report says how many and what the requests alone took."""
+    from sgl_ridgefill.eval.analysis import wall_time
+
+    lost = [{**_needle(4096, "t1", f"a{i}", "ridgefill", "filled", 100, 500), "seconds": 30.0} for i in range(4)]
+    kept = [{**_needle(4096, "t1", f"b{i}", "ridgefill", "filled", 100, 500), "seconds": 20.0} for i in range(2)]
+    records = [{"kind": "meta"}, *lost, *kept, {"kind": "session", "seconds": 60.0, "requests": 2}]
+    assert wall_time(records) == {"sessions": 1, "seconds": 60.0, "requests": 2, "untimed_requests": 4,
+                                  "untimed_request_seconds": 120.0}
+    text = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
+    assert ("| wall time | 1.0 min in 1 session(s), 2 request(s); 4 more request(s) ran in sessions stopped before "
+            "wall time was kept per request (2.0 min of request time) |") in text
+
+
 def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
     from sgl_ridgefill.eval.analysis import wall_time
     from sgl_ridgefill.eval.runner import ResultStore, session_record
