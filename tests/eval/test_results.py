@@ -194,9 +194,12 @@ def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path
     # Qwen2.5-Coder-1.5B: its shipped-selection run holds the exact arm its layer runs are paired with.
     qwen = [r for r in group if r.model == "qwen2.5-coder-1.5b"]
     assert [r.name for r in qwen] == ["qwen2.5-1.5b-s14-q"] + [
-        f"qwen2.5-1.5b-s14-l{'-'.join(map(str, l))}-q" for l in results.QWEN_1_5B_LAYER_SETS]
-    for run, layers in zip(qwen[1:], results.QWEN_1_5B_LAYER_SETS):
-        assert run.rows_select == results.pooled_tail_rows(layers) and max(layers) < run.split
+        f"qwen2.5-1.5b-s14-l{'-'.join(map(str, l))}-q" for l in results.QWEN_1_5B_LAYER_SETS] + [
+        "qwen2.5-1.5b-s14-l3-7-11-lexical-q"]
+    # The shipped layers with the lexical reserve that held SmolLM2's prose needles.
+    assert qwen[-1].rows_select == results.POOLED_TAIL_ROWS + " reserve lexical_net() up to 3%"
+    for run, layers in zip(qwen[1:], [*results.QWEN_1_5B_LAYER_SETS, (3, 7, 11)]):
+        assert run.rows_select.startswith(results.pooled_tail_rows(layers)) and max(layers) < run.split
         assert run.extra[run.extra.index("--needle-arms") + 1] == "ridgefill+rows"
         # Paired with the shared run's exact arm (a sibling layer run already in the repository may add its own).
         sources = results.exact_sources(run, results.RUNS, tmp_path, results.REPO_DOCS)
