@@ -215,8 +215,8 @@ def _domain_name(corpus: str) -> str:
 _LENGTH = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
            "--rows-select", POOLED_TAIL_ROWS)
 _LENGTH_32K = (*_LENGTH, "--depths", "4")
-# Key-token loss at 16K for the same three arms on 8 held-out documents of the builtin prose (the needle grid's
-# exact arm comes from qwen2.5-0.5b-s12-16k-q: same maps, same prompts).
+# Key-token loss at 16K for the same three arms on 8 held-out documents of the builtin corpus (at 16K tokens, books
+# of the King James Bible); the needle grid's exact arm comes from qwen2.5-0.5b-s12-16k-q (same maps, same prompts).
 _LENGTH_LOSS = ("--preset", "quality", "--docs", "8", "--needle-arms", "exact",
                 "--loss-arms", "exact,ridgefill,ridgefill+rows", "--rows-select", POOLED_TAIL_ROWS)
 _LONG_DOCS = ("--doc-tokens", "16384", "--max-doc-pieces", "1", "--min-doc-tokens", "4096")

@@ -482,8 +482,7 @@ def test_wall_time_counts_a_session_stopped_before_it_recorded_its_end(tmp_path)
     from sgl_ridgefill.eval.analysis import wall_time
     from sgl_ridgefill.eval.runner import ResultStore, session_record
 
-    ticks = iter([100.0, 160.0, 220.0, 1000.0, 1030.0, 1041.0])
-    clock = lambda: next(ticks)  # noqa: E731
+    clock = iter([100.0, 160.0, 220.0, 1000.0, 1030.0, 1041.0]).__next__
     store = ResultStore(tmp_path / "results.jsonl", clock=clock)
     store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8})
     store.add({**_needle(4096, "t1", "c0", "exact", "filled", 100, 500), "copied_from": "elsewhere"})
@@ -497,7 +496,8 @@ def test_wall_time_counts_a_session_stopped_before_it_recorded_its_end(tmp_path)
     records = load_records(tmp_path / "results.jsonl")
     assert wall_time(records) == {"sessions": 2, "seconds": 161.0, "requests": 3, "stopped": 1}
     report = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
-    assert "| wall time | 2.7 min in 2 session(s), 3 request(s); 1 session stopped early, counted to its last request |" in report
+    assert ("| wall time | 2.7 min in 2 session(s), 3 request(s); 1 session stopped early, counted to its last "
+            "request |") in report
     assert session_record(1.0, 0)["kind"] == "session"
 
 
