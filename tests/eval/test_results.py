@@ -207,6 +207,24 @@ def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path
         assert all(s.name.startswith("qwen2.5-1.5b-s14-") and s.name != run.name for s in sources)
 
 
+def test_the_second_model_at_8k_measures_the_selection_its_shipped_policy_makes():
+    from sgl_ridgefill.eval.arms import rows_policy_text
+    from sgl_ridgefill.policy import MapsInfo, ModelInfo, builtin_policy_path, compile_policy, load_policy, parse_policy
+
+    run = next(r for r in results.RUNS if r.name == "qwen2.5-1.5b-s14-8k-q")
+    assert run.lengths == (8192,) and run.split == 14
+    assert run.extra[run.extra.index("--needle-arms") + 1] == "exact,ridgefill,ridgefill+rows"
+    target = {"maps": MapsInfo((14,), 14, 28), "model": ModelInfo.dense(28)}
+    shipped = compile_policy(load_policy(builtin_policy_path("qwen2.5-1.5b-rows")), **target)
+    assert (shipped.split, shipped.tail) == (run.split, results.TAIL)
+
+    def selection(select: str):
+        return compile_policy(parse_policy(rows_policy_text(14, results.TAIL, select), "r.rfpolicy"), **target).selection
+
+    assert selection(run.rows_select) == shipped.selection
+    assert selection(results.POOLED_TAIL_ROWS) != shipped.selection  # the 4K run's, without the lexical reserve
+
+
 def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
     import pytest
 

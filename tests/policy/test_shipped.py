@@ -32,6 +32,7 @@ EXPECTED = {
     "qwen3.8-flash-next-quality": (24, 2048, None, True, ()),
     "qwen2.5-0.5b-default": (12, 1024, None, False, ()),
     "qwen2.5-0.5b-rows": (12, 1024, None, False, ROWS_3_7_11 + (AttentionRequirement((3, 7, 11), "last", 1024),)),
+    "qwen2.5-1.5b-rows": (14, 1024, None, False, ROWS_3_7_11 + (AttentionRequirement((3, 7, 11), "last", 1024),)),
     "plain": (15, 1024, None, False, ()),
 }
 
@@ -82,3 +83,11 @@ def test_the_small_model_rows_policy_pools_its_attention():
     policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=maps, model=model)
     question, tail = policy.selection.selectors()
     assert [(s.kwargs["q"], s.kwargs["share"], s.kwargs["pool"]) for s in (question, tail)] == [(64, 0.10, 8), (1024, 0.05, 8)]
+
+
+def test_the_second_small_model_rows_policy_reserves_rows_for_the_question_words():
+    model, maps = deployment_for("qwen2.5-1.5b-rows")
+    policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-1.5b-rows")), maps=maps, model=model)
+    assert [s.spec.name for s in policy.selection.selectors()] == ["attention_topk", "attention_topk", "lexical_net"]
+    assert [limit.fraction for _, limit in policy.selection.reserves] == [0.05, 0.03]
+    assert policy.needs_tokens and not policy.warnings
