@@ -48,7 +48,7 @@ def render_results_md(report_dirs: Sequence[str | pathlib.Path], out: str | path
         path = report_dir / REPORT_NAME
         if not path.exists():
             raise ValueError(f"render_results_md: {report_dir} has no {REPORT_NAME}")
-        parts.append(_rebase(path.read_text(), report_dir, out.parent).strip())
+        parts.append(_titled(report_dir.name, _rebase(path.read_text(), report_dir, out.parent).strip()))
     out.write_text("\n\n".join(parts) + "\n")
     return out
 
@@ -70,7 +70,8 @@ def _tradeoff_section(comparison: Sequence[tradeoff.PlannedRun], folder: pathlib
 
 
 _OVERVIEW_ARMS = (EXACT, RIDGEFILL, IDENTITY, NOFILL, RIDGEFILL_ROWS, RIDGEFILL_RANDOM)
-_OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have every table, interval and plot). "
+_OVERVIEW_TEXT = ("One row per run and prompt length (the run's section below, headed by its name, has every "
+                  "table, interval and plot). "
                   "Retrieval: mean score (0-100) of the samples whose needle lies in the filled prefix, with their "
                   "number; RidgeFill minus identity on the same samples, 95% BCa interval. Key-token loss: "
                   "RidgeFill minus identity, in nat (below zero: RidgeFill loses less), 95% BCa interval over "
@@ -81,8 +82,8 @@ _OVERVIEW_TEXT = ("One row per run and prompt length (the sections below have ev
 
 def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
     """One row per run and length from each directory's ``summary.json`` (directories without one are left
-    out): ``model``, ``map_kind``, ``split`` ("S/L"), ``length``, ``n`` (filled-region samples), ``retrieval`` (arm -> mean
-    score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or None), ``splice_keys`` (share),
+    out): ``run`` (the directory's name), ``model``, ``map_kind``, ``split`` ("S/L"), ``length``, ``n`` (filled-region
+    samples), ``retrieval`` (arm -> mean score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or None), ``splice_keys`` (share),
     ``splice_key_ranges`` ([(layers, share)] of the per-layer key splices)."""
     rows = []
     for report_dir in report_dirs:
@@ -100,7 +101,7 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
             ranges = [(r["layers"], r["share"]) for r in summary.get("splice", []) if r["length"] == length
                       and r["metric"] == "key" and r.get("kind") == "keys" and r.get("layers", ALL) != ALL]
             rows.append({
-                "model": str(meta.get("model", report_dir.name)), "map_kind": str(meta.get("map_kind") or "residual"),
+                "run": report_dir.name, "model": str(meta.get("model", report_dir.name)), "map_kind": str(meta.get("map_kind") or "residual"),
                 "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}", "preset": meta.get("preset"),
                 "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
                 "retrieval": {arm: r["mean"] for arm, r in filled.items()},
@@ -115,10 +116,10 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
 
 
 def _overview_table(rows: Sequence[Row]) -> str:
-    header = ("model", "map kind", "split", "tokens", "filled samples", *_OVERVIEW_ARMS,
+    header = ("run", "model", "map kind", "split", "tokens", "filled samples", *_OVERVIEW_ARMS,
               "retrieval: RidgeFill − identity", "key-token loss: RidgeFill − identity (nat)", "splice: exact keys remove")
     return table(header, [(
-        r["model"], r["map_kind"], r["split"], r["length"], NA if r["n"] is None else r["n"],
+        r["run"], r["model"], r["map_kind"], r["split"], r["length"], NA if r["n"] is None else r["n"],
         *(score(r["retrieval"].get(arm)) for arm in _OVERVIEW_ARMS),
         NA if r["retrieval_diff"] is None else ci(r["retrieval_diff"], "diff", signed(".1f")),
         NA if r["key_diff"] is None else ci(r["key_diff"], "diff", signed(".2f")),
@@ -133,6 +134,11 @@ def _splice_cell(row: Row) -> str:
     if row["splice_keys"] is None and not ranges:
         return NA
     return pct(row["splice_keys"]) + (f" ({ranges})" if ranges else "")
+
+
+def _titled(run: str, section: str) -> str:
+    """A report's section headed by its run (the folder's name), which tells apart runs of one model and split."""
+    return f"## {run}: {section[3:]}" if section.startswith("## ") else f"## {run}\n\n{section}"
 
 
 def _rebase(markdown: str, source_dir: pathlib.Path, target_dir: pathlib.Path) -> str:

@@ -331,7 +331,8 @@ def test_render_results_md_rewrites_links(tmp_path, summary):
     out = render_results_md(dirs, tmp_path / "docs" / "RESULTS.md", command="python -m sgl_ridgefill.eval.render x")
     text = out.read_text()
     assert text.startswith("# ") and "python -m sgl_ridgefill.eval.render x" in text
-    assert "\n## model A" in text and "\n## model B" in text and "\n### Setup" in text
+    # Each report's section is headed by its run's folder: runs of one model and split are told apart.
+    assert "\n## a: model A" in text and "\n## b: model B" in text and "\n### Setup" in text
     assert "](../runs/a/retrieval_filled.png)" in text and "](../runs/b/splice.png)" in text
     assert (out.parent / "../runs/b/splice.png").exists()
 
@@ -342,11 +343,11 @@ def test_results_md_overview_has_a_row_per_run_and_length(tmp_path, summary):
         write_report(summary, d, title="model")
     (dirs[0] / "summary.json").write_text(json.dumps(summary))  # b has none: left out of the overview
     text = render_results_md(dirs, tmp_path / "RESULTS.md", command="x").read_text()
-    overview = text[text.index("## Overview"):text.index("\n## model")]
-    rows = [line for line in overview.splitlines() if line.startswith("| tiny |")]
+    overview = text[text.index("## Overview"):text.index("\n## a: model")]
+    rows = [line for line in overview.splitlines() if line.startswith("| a | tiny |")]  # the run, then the model
     assert len(rows) == 3  # lengths 64 (documents), 4096 and 8192 (needles)
-    by_length = {row.split(" | ")[3]: row for row in rows}  # model, map kind, split, tokens
-    assert all(row.startswith("| tiny | residual | 12/? |") for row in rows)  # a run written before map kinds
+    by_length = {row.split(" | ")[4]: row for row in rows}  # run, model, map kind, split, tokens
+    assert all(row.startswith("| a | tiny | residual | 12/? |") for row in rows)  # a run written before map kinds
     # exact, ridgefill, identity, nofill (not run), ridgefill+rows, ridgefill+random; then RidgeFill - identity
     assert "| 8 | 100.0 | 75.0 | 25.0 | – | 100.0 | 50.0 | +50.0 [" in by_length["4096"]  # 4 samples x 2 tasks
     assert by_length["64"].endswith("| – | -2.00 [-2.00, -2.00] | 50 % |")
