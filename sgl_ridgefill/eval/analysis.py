@@ -1,7 +1,8 @@
 """Summary of an evaluation run's ``results.jsonl``: retrieval, loss, agreement and splice tables with
 paired intervals.
 
-The runner appends one JSON record per line (kinds ``meta``, ``check``, ``needle``, ``doc``, ``loss``). Runs
+The runner appends one JSON record per line (kinds ``meta``, ``check``, ``needle``, ``doc``, ``loss``; ``plan``
+and ``session`` say what each invocation set out to do and what it cost). Runs
 are partial or resumed, so any arm may be missing and a later record with the same identity (kind, length,
 sample or document, arm) replaces an earlier one. ``summarize`` returns plain JSON-serialisable tables
 (lists of flat rows; ``None`` where a number is undefined); ``report`` turns them into Markdown and plots.
@@ -165,6 +166,27 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
         out["untimed_requests"] = len(untimed)
         out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
     return out
+
+
+def progress(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How far a run is (None before an invocation recorded its plan): ``requests``, what the latest plan
+    holds (every arm of every sample and document); ``done``, the distinct requests recorded (copied ones
+    included); ``pace``, seconds from one request to the next within a session, over every session (the
+    servers' start left out), or None before two requests ran in one."""
+    from .runner import REQUEST_KINDS
+
+    plan, done, times = None, set(), defaultdict(list)
+    for r in records:
+        if r.get("kind") == "plan":
+            plan = r
+        elif r.get("kind") in REQUEST_KINDS:
+            done.add(_identity(r))
+            if r.get("session") is not None and "copied_from" not in r:
+                times[r["session"]].append(float(r["at"]))
+    if plan is None:
+        return None
+    gaps = [b - a for at in times.values() for a, b in zip(sorted(at), sorted(at)[1:])]
+    return {"requests": int(plan["requests"]), "done": len(done), "pace": sum(gaps) / len(gaps) if gaps else None}
 
 
 # ---------------------------------------------------------------------------------------------- documents

@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
     from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
-    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, run_loss, run_needle, stock_check
+    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, plan_record, run_loss, run_needle, stock_check
 
     if args.engine and (args.url or args.stock_url):
         raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
@@ -400,6 +400,8 @@ def _run(args: argparse.Namespace) -> int:
                       flush=True)
             jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
             jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
+            planned = sum(sizing.request_counts(samples, needle_arms, docs, loss_arms))
+            store.add(plan_record(requests=planned, pending=len(jobs)))
             for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
                 (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
     finally:

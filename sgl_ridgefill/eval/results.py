@@ -351,19 +351,40 @@ def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT
 
 
 def run_status(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str:
-    """What is left of ``run``: not started, started (its records so far), or reported."""
+    """What is left of ``run``: not started, started (its requests done of those planned and about how long the
+    rest take at its pace so far; its records, for a run from before plans were recorded), or reported."""
     results = runs_dir / run.name / "results.jsonl"
     if not results.exists():
         kept = docs / "results" / run.name / RAW
         if kept.exists():
-            return f"{sum(1 for _ in kept.open())} records kept in the repository (rerun to resume or finish)"
+            return _records_left(kept, kept=True)
         reported = (docs / "results" / run.name / "REPORT.md").exists()
         return "reported; raw results not on this machine" if reported else "not started"
-    records = sum(1 for _ in results.open())
     report = runs_dir / run.name / "REPORT.md"
     if report.exists() and report.stat().st_mtime >= results.stat().st_mtime:
-        return f"done: {records} records, reported"
-    return f"started: {records} records so far (rerun to resume)"
+        return f"done: {sum(1 for _ in results.open())} records, reported"
+    return "started: " + _records_left(results, kept=False)
+
+
+def _records_left(path: pathlib.Path, *, kept: bool) -> str:
+    """``6 of 336 requests (330 left, about 3.3 h at 36 s each; rerun to resume)``, or the records counted."""
+    from .analysis import load_records, progress
+
+    where, then = (" kept in the repository", "rerun to resume or finish") if kept else ("", "rerun to resume")
+    try:
+        done = progress(load_records(path))
+    except ValueError as exc:  # --list goes on to the other runs; the eval itself refuses the file
+        return f"{sum(1 for _ in path.open())} records{where or ' so far'} ({then}; unreadable: {exc})"
+    if done is None:
+        return f"{sum(1 for _ in path.open())} records{where or ' so far'} ({then})"
+    left = max(done["requests"] - done["done"], 0)
+    pace = done["pace"]
+    about = "" if pace is None or not left else f", about {_duration(left * pace)} at {pace:.0f} s each"
+    return f"{done['done']} of {done['requests']} requests{where} ({left} left{about}; {then})"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 def _sh(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> None:

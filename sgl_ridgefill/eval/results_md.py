@@ -83,8 +83,8 @@ _OVERVIEW_TEXT = ("One row per run and prompt length (the run's section below, h
 def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
     """One row per run and length from each directory's ``summary.json`` (directories without one are left
     out): ``run`` (the directory's name), ``model``, ``map_kind``, ``split`` ("S/L"), ``length``, ``n`` (filled-region
-    samples), ``retrieval`` (arm -> mean score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or None), ``splice_keys`` (share),
-    ``splice_key_ranges`` ([(layers, share)] of the per-layer key splices)."""
+    samples), ``retrieval`` (arm -> mean score), ``retrieval_diff``, ``key_diff`` (RidgeFill minus identity rows, or
+    None), ``splice_keys`` (share), ``splice_key_ranges`` ([(layers, share)] of the per-layer key splices)."""
     rows = []
     for report_dir in report_dirs:
         path = report_dir / "summary.json"
@@ -101,7 +101,8 @@ def overview_rows(report_dirs: Sequence[pathlib.Path]) -> list[dict[str, Any]]:
             ranges = [(r["layers"], r["share"]) for r in summary.get("splice", []) if r["length"] == length
                       and r["metric"] == "key" and r.get("kind") == "keys" and r.get("layers", ALL) != ALL]
             rows.append({
-                "run": report_dir.name, "model": str(meta.get("model", report_dir.name)), "map_kind": str(meta.get("map_kind") or "residual"),
+                "run": report_dir.name, "model": str(meta.get("model", report_dir.name)),
+                "map_kind": str(meta.get("map_kind") or "residual"),
                 "split": f"{meta.get('split')}/{meta.get('num_layers', '?')}", "preset": meta.get("preset"),
                 "length": length, "n": filled.get(EXACT, filled.get(RIDGEFILL, {})).get("n"),
                 "retrieval": {arm: r["mean"] for arm, r in filled.items()},

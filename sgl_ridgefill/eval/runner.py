@@ -124,6 +124,12 @@ def session_record(seconds: float, requests: int, session: str | None = None) ->
     return rec if session is None else {**rec, "session": session}
 
 
+def plan_record(*, requests: int, pending: int) -> dict:
+    """What an invocation set out to do: ``requests``, every arm of every sample and document, and ``pending``,
+    those not done yet (``analysis.progress``, what ``results --list`` says is left)."""
+    return {"kind": "plan", "requests": requests, "pending": pending}
+
+
 class RanExact(RuntimeError):
     """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 

@@ -69,14 +69,20 @@ def sample_counts(samples: Iterable[Any]) -> dict[str, int]:
             "straddle": counts["straddle"]}
 
 
+def request_counts(samples: Sequence[Any], needle_arms: Sequence[str], docs: Mapping[int, Sequence[Any]],
+                   loss_arms: Sequence[str]) -> tuple[int, int]:
+    """The needle requests and the loss requests (the loss arms plus the cut arm per document) of a run."""
+    n_docs = sum(len(d) for d in docs.values())
+    return len(samples) * len(needle_arms), n_docs * (len(loss_arms) + 1)
+
+
 def plan_text(samples: Sequence[Any], needle_arms: Sequence[str], docs: Mapping[int, Sequence[Any]],
               loss_arms: Sequence[str]) -> str:
     """What a run will send, before it starts: samples by region, documents, and requests (the loss arms
     plus the cut arm per document)."""
     counts = sample_counts(samples)
     n_docs = sum(len(d) for d in docs.values())
-    needle_requests = counts["total"] * len(needle_arms)
-    loss_requests = n_docs * (len(loss_arms) + 1) if n_docs else 0
+    needle_requests, loss_requests = request_counts(samples, needle_arms, docs, loss_arms)
     regions = ", ".join(f"{counts[r]} {r}" for r in ("filled", "tail", "straddle") if counts[r])
     return (f"{counts['total']} needle samples ({regions or 'none'}) x {len(needle_arms)} arms = {needle_requests} "
             f"requests; {n_docs} documents x {len(loss_arms) + 1} arms (with cut) = {loss_requests} requests; "

@@ -66,6 +66,16 @@ def test_every_sample_gets_every_arm(run):
     assert losses == {"exact", "ridgefill", "splice:both", "cut"}
 
 
+def test_each_invocation_records_what_it_planned_and_what_was_left(run):
+    from sgl_ridgefill.eval.analysis import progress
+
+    _, records, _, _ = run
+    sent = sum(r["kind"] in ("needle", "loss") for r in records)
+    plans = [r for r in records if r["kind"] == "plan"]
+    assert [(p["requests"], p["pending"]) for p in plans] == [(sent, sent), (sent, 0)]  # the first run, the resumed one
+    assert progress(records)["requests"] == progress(records)["done"] == sent
+
+
 def test_splice_both_scores_like_exact_and_ridgefill_does_not(run):
     from sgl_ridgefill.eval.metrics import TokenScores
 

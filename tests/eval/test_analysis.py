@@ -518,6 +518,33 @@ def test_wall_time_names_the_requests_of_older_stopped_sessions_it_cannot_time(t
             "wall time was kept per request (2.0 min of request time) |") in text
 
 
+def test_progress_counts_the_requests_done_against_the_latest_plan_at_the_sessions_own_pace(tmp_path):
+    """What ``results --list`` says is left of a run: every arm of every sample the latest session planned, the
+    distinct requests done (copied exact records included), and the seconds between one request and the next
+    in a session (the servers' start left out)."""
+    from sgl_ridgefill.eval.analysis import progress
+    from sgl_ridgefill.eval.runner import ResultStore, plan_record
+
+    clock = iter([0.0, 300.0, 330.0, 360.0, 2000.0, 2500.0, 2540.0, 2541.0]).__next__
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8})
+    assert progress(load_records(tmp_path / "results.jsonl")) is None  # nothing planned yet
+    store.add({**_needle(4096, "t1", "c0", "exact", "filled", 100, 500), "copied_from": "elsewhere"})
+    store.begin_session()  # t = 0
+    store.add(plan_record(requests=8, pending=7))
+    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))  # t = 300: the servers started first
+    assert progress(load_records(tmp_path / "results.jsonl")) == {"requests": 8, "done": 2, "pace": None}
+    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))  # t = 330
+    store.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))  # t = 360; then killed
+    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    resumed.begin_session()  # t = 2000
+    resumed.add(plan_record(requests=8, pending=5))
+    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))  # t = 2500: the same request again
+    resumed.add(_needle(4096, "t1", "f3", "ridgefill", "filled", 100, 500))  # t = 2540
+    assert progress(load_records(tmp_path / "results.jsonl")) == {"requests": 8, "done": 5, "pace": 100 / 3}
+    assert summarize(load_records(tmp_path / "results.jsonl"), n_resamples=N_RESAMPLES)["retrieval"]  # plan: ignored
+
+
 def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
     from sgl_ridgefill.eval.analysis import wall_time
     from sgl_ridgefill.eval.runner import ResultStore, session_record

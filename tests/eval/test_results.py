@@ -135,11 +135,36 @@ def test_the_list_says_what_is_left_of_each_run(tmp_path):
     assert run_status(run, runs, docs) == "reported; raw results not on this machine"
     (runs / run.name).mkdir(parents=True)
     results = runs / run.name / "results.jsonl"
-    results.write_text("{}\n{}\n")
+    results.write_text('{"kind": "meta"}\n{"kind": "check"}\n')  # a run from before plans were recorded
     assert run_status(run, runs, docs) == "started: 2 records so far (rerun to resume)"
+    results.write_text('{"kind": "meta"}\n{}\n{"kind": "check"}\n')
+    assert run_status(run, runs, docs) == (f"started: 3 records so far (rerun to resume; unreadable: {results}:2: a "
+                                           "record must be a JSON object with a 'kind', got '{}')")
+    results.write_text('{"kind": "meta"}\n{"kind": "check"}\n')
     (runs / run.name / "REPORT.md").write_text("r")
     os.utime(results, (1, 1))
     assert run_status(run, runs, docs) == "done: 2 records, reported"
+
+
+def test_the_list_says_how_many_requests_are_left_and_about_how_long_they_take(tmp_path):
+    import json
+
+    from sgl_ridgefill.eval.results import RUNS, run_status
+    from sgl_ridgefill.eval.runner import plan_record
+
+    run, runs, docs = RUNS[0], tmp_path / "runs", tmp_path / "docs"
+    needle = {"kind": "needle", "length": 4096, "task": "t", "arm": "exact", "session": "s"}
+    records = [{"kind": "meta"}, plan_record(requests=336, pending=336),
+               *({**needle, "sample": f"x{i}", "at": 100.0 + 36 * i} for i in range(6))]
+    kept = docs / "results" / run.name / results.RAW
+    kept.parent.mkdir(parents=True)
+    kept.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run_status(run, runs, docs) == ("6 of 336 requests kept in the repository (330 left, about 3.3 h at 36 s "
+                                           "each; rerun to resume or finish)")
+    (runs / run.name).mkdir(parents=True)
+    (runs / run.name / results.RAW).write_text(kept.read_text())
+    assert run_status(run, runs, docs) == ("started: 6 of 336 requests (330 left, about 3.3 h at 36 s each; rerun "
+                                           "to resume)")
 
 
 def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypatch):
