@@ -216,14 +216,18 @@ def test_cli_flags_and_engine_keywords():
 def test_eval_server_and_engine_turn_diagnostics_on(tmp_path):
     from sgl_ridgefill.eval import cli
 
-    args = argparse.Namespace(maps=tmp_path / "maps", tail=1024, upgrade_rows=None)
+    args = argparse.Namespace(maps=tmp_path / "maps", tail=1024, upgrade_rows=0)
     rf = cli._ridgefill_settings(args, 12, tmp_path / "eval-rows.rfpolicy")
     assert "--ridgefill-diagnostics" in settings.cli_flags(rf)
     assert settings.engine_keywords(rf)["ridgefill_diagnostics"] is True
-    assert "upgrade_rows" not in rf  # the server's default
-    args.upgrade_rows = 0
+    # The exact upgrade off unless asked for: it would rewrite the rows an answer's later tokens read.
+    parser = argparse.ArgumentParser()
+    cli.add_subparser(parser.add_subparsers())
+    assert parser.parse_args(["eval", "--model", "m", "--maps", "d", "--out", "o"]).upgrade_rows == 0
+    assert rf["upgrade_rows"] == 0
+    args.upgrade_rows = 512
     flags = settings.cli_flags(cli._ridgefill_settings(args, 12, tmp_path / "eval-rows.rfpolicy"))
-    assert flags[flags.index("--ridgefill-upgrade-rows") + 1] == "0"
+    assert flags[flags.index("--ridgefill-upgrade-rows") + 1] == "512"
 
 
 @pytest.mark.parametrize(

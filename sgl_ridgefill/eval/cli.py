@@ -73,9 +73,11 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--exact-from", type=pathlib.Path, action="append", default=[], metavar="DIR",
                    help="reuse the exact arm's records of another run folder on the same prompts, model and dtype "
                         "(the exact arm does not depend on the maps or the split); repeatable")
-    p.add_argument("--upgrade-rows", type=int, default=None, metavar="ROWS",
+    p.add_argument("--upgrade-rows", type=int, default=0, metavar="ROWS",
                    help="the RidgeFill server's --ridgefill-upgrade-rows: rows a request rewrites exactly in each decode "
-                        "step that runs it alone, for the later-question arms (default: the server's; 0: off)")
+                        "step that runs it alone, for measuring later questions over an upgraded document (default 0: "
+                        "off, since an answer's later tokens would read the rewritten rows and the arm would not "
+                        "measure its fill; a --url server must run with it off too, or the run stops)")
     p.add_argument("--url", default=None, help="a running RidgeFill server (default: start one here)")
     p.add_argument("--stock-url", default=None, help="a running stock SGLang server on the same model (needed with --url)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -107,11 +109,8 @@ def _ridgefill_settings(args, split: int, policy_file: pathlib.Path) -> dict[str
     """The RidgeFill settings (``sgl_ridgefill.settings`` names) shared by the local server (as flags) and the
     offline engine (as ``ridgefill_*`` keywords). The arms name shipped policies and use the control arms,
     ``control`` and ``splice``, which a server accepts only with diagnostics on."""
-    settings = {"maps": str(args.maps), "split": split, "tail": args.tail, "policy": str(policy_file),
-                "diagnostics": True}
-    if args.upgrade_rows is not None:
-        settings["upgrade_rows"] = args.upgrade_rows
-    return settings
+    return {"maps": str(args.maps), "split": split, "tail": args.tail, "policy": str(policy_file), "diagnostics": True,
+            "upgrade_rows": args.upgrade_rows}
 
 
 def _server_flags(model_dir: pathlib.Path, max_len: int, dtype: str) -> list[str]:
@@ -242,7 +241,8 @@ def _check_lengths(lengths: tuple[int, ...], tail: int, config: dict, tasks: tup
                          f"the needle answers need up to {answer} more; use lengths up to {context - answer}")
 
 
-_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "rows_select", "map_kind", "depths")
+_SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "rows_select", "map_kind", "depths",
+             "upgrade_rows")
 # Settings a results.jsonl written before they were recorded ran with.
 _SETTINGS_BEFORE = {"map_kind": "residual", "rows_select": None}
 
@@ -272,11 +272,11 @@ def changed_settings(meta: dict, settings: dict) -> list[str]:
 def _main(args: argparse.Namespace) -> int:
     from ..tools.client import ServerError
     from ..maps import MapsError
-    from .runner import RanExact
+    from .runner import RanExact, UpgradedAnswer
 
     try:
         return _run(args)
-    except (ValueError, FileNotFoundError, ServerError, MapsError, RanExact) as e:
+    except (ValueError, FileNotFoundError, ServerError, MapsError, RanExact, UpgradedAnswer) as e:
         raise SystemExit(f"sgl-ridgefill eval: {e}") from None
 
 
@@ -328,6 +328,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit("sgl-ridgefill eval: the later-question arms reuse a cached document (namespace cache "
                          "mode), which RidgeFill does not serve on hybrid (Gated DeltaNet) models")
     plan = EvalPlan(split=split, tail=args.tail, lengths=args.lengths, needle_arms=needle_arms, loss_arms=loss_arms,
+                    upgrade_rows=args.upgrade_rows,
                     longtail={n: A.longtail_tail(config, n, split, args.tail, kind) for n in args.lengths})
     policy_file = args.out / f"{A.ROWS_POLICY}.rfpolicy"
     policy_file.write_text(A.rows_policy_text(split, args.tail, args.rows_select, "no_insert" if hybrid else "namespace"))
@@ -351,7 +352,7 @@ def _run(args: argparse.Namespace) -> int:
     rows = {"rows_policy": A.ROWS_POLICY, "rows_fraction": None if args.rows_select else A.ROWS_SHARE / 100,
             "rows_select": args.rows_select}
     settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
-                **rows, "map_kind": kind, "depths": args.depths}
+                **rows, "map_kind": kind, "depths": args.depths, "upgrade_rows": args.upgrade_rows}
     if store.meta is not None:
         # The depth grid names samples by index: another --depths would pair old ids with new positions.
         changed = changed_settings(store.meta, settings)
@@ -363,7 +364,7 @@ def _run(args: argparse.Namespace) -> int:
         meta = {"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
                 "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
                 "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
-                "depths": args.depths, "seeds": args.seeds,
+                "depths": args.depths, "seeds": args.seeds, "upgrade_rows": args.upgrade_rows,
                 **rows, "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + shlex.join(sys.argv[1:]),
                 "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,

@@ -43,6 +43,7 @@ class EvalPlan:
     needle_arms: tuple[str, ...]
     loss_arms: tuple[str, ...]
     longtail: dict[int, int]  # length -> tail of the nofill+longtail arm
+    upgrade_rows: int = 0  # the server's exact upgrade (0: off, and an answer that reports one stops the run)
 
 
 # The records one request each writes (``run_needle``, ``run_loss``): what a session's time is spent on.
@@ -134,6 +135,11 @@ class RanExact(RuntimeError):
     """A RidgeFill arm ran exactly: the server says so, or it came back bit-identical to the exact arm."""
 
 
+class UpgradedAnswer(RuntimeError):
+    """A fill arm's answer was decoded over rows the server's exact upgrade rewrote, in a run that leaves the
+    upgrade off: its tokens after the first read exact keys and values, not the fill's."""
+
+
 def _generate(client: Client, ids: Sequence[int], custom: dict | None, *, max_new_tokens: int, flush: bool = True,
               **extra) -> tuple[dict, float]:
     """One greedy request and its wall time, from an emptied radix cache unless ``flush`` is false."""
@@ -202,12 +208,14 @@ def needle_jobs(store: ResultStore, samples, plan: EvalPlan) -> Iterator[tuple[A
 
 
 # A needle record's row counts and the meta_info["ridgefill"] keys the server reports them under.
-_REPORTED_ROWS = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact"}
+_REPORTED_ROWS = {"exact_rows": "exact", "filled_rows": "filled", "needle_rows": "watched", "needle_rows_exact": "watched_exact",
+                  "upgrade_rows": "exact_upgrade"}
 # A later question's: its needle was filled, or chosen exact, by the questions before it (the cached rows).
 _REPORTED_LATER_ROWS = {"cached_rows": "cached", "cached_exact_rows": "cached_exact", "needle_rows": "watched_cached",
                         "needle_rows_exact": "watched_cached_exact", "tail_reused_filled": "tail_reused_filled",
                         # a plan that reselects: its rows among the whole prefix, the cached ones it made exact
-                        "needle_rows_exact_after": "watched_exact", "upgraded_rows": "upgraded"}
+                        "needle_rows_exact_after": "watched_exact", "upgraded_rows": "upgraded",
+                        "upgrade_rows": "exact_upgrade"}
 
 
 def _ask_before(client: Client, sample, custom: dict, later: int) -> None:
@@ -236,6 +244,10 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
     ran = (out.get("meta_info") or {}).get("ridgefill")
     reported = _REPORTED_ROWS if later is None else _REPORTED_LATER_ROWS
     rows = {name: ran[k] for name, k in reported.items() if isinstance(ran, dict) and isinstance(ran.get(k), int)}
+    if rows.get("upgrade_rows") and not plan.upgrade_rows:
+        raise UpgradedAnswer(f"{sample.id}: the server rewrote {rows['upgrade_rows']} rows of the {arm} arm's request "
+                             "exactly while it decoded its answer, so the answer did not read the fill: run the "
+                             "RidgeFill server with --ridgefill-upgrade-rows 0, or pass --upgrade-rows to measure it")
     if later is not None and {"cached_rows", "cached_exact_rows"} <= rows.keys():
         # The exact rows of its prefix: the cached exact rows but those in its own tail (all of them exact
         # but the slack the match took filled).

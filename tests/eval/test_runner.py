@@ -222,6 +222,27 @@ def test_needle_records_carry_the_prompt_hash_and_the_rows_that_ran(tmp_path):
     assert "exact_rows" not in last and last["score"] == 0.0
 
 
+def test_an_answer_decoded_over_rows_the_exact_upgrade_rewrote_stops_a_run_that_measures_the_fill(tmp_path):
+    """The exact upgrade rewrites a request's rows exactly in its own decode steps: every answer token after the
+    first would read exact keys and values, and the arm would not measure its fill. A run that leaves the
+    upgrade off (the default) stops at such an answer, writing nothing; one that asks for it records it."""
+    import dataclasses
+
+    from sgl_ridgefill.eval.runner import EvalPlan, UpgradedAnswer, run_needle
+
+    plan = EvalPlan(split=2, tail=16, lengths=(64,), needle_arms=A.NEEDLE_ARMS, loss_arms=(), longtail={64: 20})
+    assert plan.upgrade_rows == 0
+    store = ResultStore(tmp_path / "results.jsonl")
+    upgraded = _Client(" 1234567.", {"ran": True, "exact": 6, "filled": 42, "exact_upgrade": 48})
+    with pytest.raises(UpgradedAnswer, match="--ridgefill-upgrade-rows 0"):
+        run_needle(upgraded, store, _sample(), A.RIDGEFILL_ROWS, plan)
+    assert not (tmp_path / "results.jsonl").exists()
+    run_needle(_Client(" 1234567.", {"ran": True, "exact": 6, "filled": 42}), store, _sample(), A.RIDGEFILL_ROWS, plan)
+    run_needle(upgraded, store, _sample(), A.RIDGEFILL_ROWS, dataclasses.replace(plan, upgrade_rows=512))
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r.get("upgrade_rows") for r in records] == [None, 48]
+
+
 def test_fill_arms_watch_the_needle_rows_and_record_how_many_ran_exactly(tmp_path):
     from sgl_ridgefill.eval.runner import EvalPlan, run_needle
 

@@ -91,13 +91,17 @@ def test_resuming_refuses_other_maps_kinds_rows_and_depth_grids(tmp_path):
     from sgl_ridgefill.eval.cli import changed_settings
 
     settings = {"model_path": "m", "split": 12, "tail": 1024, "maps": "d", "rows_policy": "eval-rows",
-                "rows_fraction": 0.1, "rows_select": None, "map_kind": "residual", "depths": 10}
-    old = {k: v for k, v in settings.items() if k not in ("map_kind", "depths", "rows_select")}  # an older run's
+                "rows_fraction": 0.1, "rows_select": None, "map_kind": "residual", "depths": 10, "upgrade_rows": 0}
+    # An older run's, from before those were recorded.
+    old = {k: v for k, v in settings.items() if k not in ("map_kind", "depths", "rows_select", "upgrade_rows")}
     assert changed_settings(old, settings) == []
     assert changed_settings(old, {**settings, "map_kind": "kv"}) == ["map_kind: 'residual' -> 'kv'"]
     assert changed_settings({**settings, "depths": 5}, settings) == ["depths: 5 -> 10"]
     own = {**settings, "rows_fraction": None, "rows_select": "digits()"}
     assert changed_settings(old, own) == ["rows_fraction: 0.1 -> None", "rows_select: None -> 'digits()'"]
+    # The exact upgrade changes what an answer reads: a run recorded with it on resumes with it on.
+    upgraded = {**settings, "upgrade_rows": 512}
+    assert changed_settings(upgraded, settings) == ["upgrade_rows: 512 -> 0"]
 
 
 def test_a_run_records_what_its_map_kind_costs_per_filled_row():
