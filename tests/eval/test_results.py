@@ -247,7 +247,9 @@ def test_the_second_model_at_8k_measures_the_selection_its_shipped_policy_makes(
         return compile_policy(parse_policy(rows_policy_text(14, results.TAIL, select), "r.rfpolicy"), **target).selection
 
     assert selection(run.rows_select) == shipped.selection
-    assert selection(results.POOLED_TAIL_ROWS) != shipped.selection  # the 4K run's, without the lexical reserve
+    four_k = next(r for r in results.RUNS if r.name == "qwen2.5-1.5b-s14-q")
+    assert selection(four_k.rows_select) == shipped.selection  # the policy's measured selection, at both lengths
+    assert selection(results.reserve_rows("lexical")) != shipped.selection
 
 
 def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):

@@ -85,9 +85,9 @@ def test_the_small_model_rows_policy_pools_its_attention():
     assert [(s.kwargs["q"], s.kwargs["share"], s.kwargs["pool"]) for s in (question, tail)] == [(64, 0.10, 8), (1024, 0.05, 8)]
 
 
-def test_the_second_small_model_rows_policy_reserves_rows_for_the_question_words():
+def test_the_second_small_model_rows_policy_is_the_first_ones_selection_at_its_own_split():
     model, maps = deployment_for("qwen2.5-1.5b-rows")
     policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-1.5b-rows")), maps=maps, model=model)
-    assert [s.spec.name for s in policy.selection.selectors()] == ["attention_topk", "attention_topk", "lexical_net"]
-    assert [limit.fraction for _, limit in policy.selection.reserves] == [0.05, 0.03]
-    assert policy.needs_tokens and not policy.warnings
+    small_model, small_maps = deployment_for("qwen2.5-0.5b-rows")
+    small = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=small_maps, model=small_model)
+    assert (policy.split, small.split) == (14, 12) and policy.selection == small.selection and not policy.warnings
