@@ -185,7 +185,7 @@ def progress(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
                 times[r["session"]].append(float(r["at"]))
     if plan is None:
         return None
-    gaps = [b - a for at in times.values() for a, b in zip(sorted(at), sorted(at)[1:])]
+    gaps = [b - a for at in map(sorted, times.values()) for a, b in zip(at, at[1:])]
     return {"requests": int(plan["requests"]), "done": len(done), "pace": sum(gaps) / len(gaps) if gaps else None}
 
 

@@ -361,11 +361,11 @@ def _run(args: argparse.Namespace) -> int:
                              "use another --out")
         meta = store.meta
     else:
-        meta = {"kind": "meta", "model": args.model, "model_path": str(model_dir), "split": split, "tail": args.tail,
-                "num_layers": config["num_hidden_layers"], "lengths": list(args.lengths), "maps": str(args.maps),
-                "map_kind": kind, "preset": args.preset, "tasks": list(tasks), "haystacks": list(haystacks),
-                "depths": args.depths, "seeds": args.seeds, "upgrade_rows": args.upgrade_rows,
-                **rows, "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
+        # Every resume-relevant setting, as a resumed run compares them.
+        meta = {"kind": "meta", "model": args.model, **settings, "num_layers": config["num_hidden_layers"],
+                "lengths": list(args.lengths), "preset": args.preset, "tasks": list(tasks),
+                "haystacks": list(haystacks), "seeds": args.seeds,
+                "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + shlex.join(sys.argv[1:]),
                 "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,
                 **_cpu(args), "fill_flops_per_row": _fill_flops(kind, config)}

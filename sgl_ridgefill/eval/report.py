@@ -132,8 +132,8 @@ def _setup_table(meta: Row, wall: Row | None = None) -> str:
     if not meta:
         return "_No meta record in this run._"
     fields = ("model", "model_path", "split", "tail", "lengths", "maps", "map_kind", "rows_policy", "rows_fraction",
-              "rows_select", "upgrade_rows", "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds", "started", "server",
-              "cpu", "cpu_capability", "dtype", "threads", "command")
+              "rows_select", "upgrade_rows", "longtail_tail", "preset", "tasks", "haystacks", "depths", "seeds",
+              "started", "server", "cpu", "cpu_capability", "dtype", "threads", "command")
     rows = []
     for name in fields:
         if meta.get(name) is not None:

@@ -370,7 +370,7 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     try:
         done = progress(load_records(path))
     except ValueError as exc:  # --list goes on to the other runs; the eval itself refuses the file
-        return f"{sum(1 for _ in path.open())} records{where or ' so far'} ({then}; unreadable: {exc})"
+        done, then = None, f"{then}; unreadable: {exc}"
     if done is None:
         return f"{sum(1 for _ in path.open())} records{where or ' so far'} ({then})"
     left = max(done["requests"] - done["done"], 0)
