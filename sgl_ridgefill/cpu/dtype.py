@@ -98,19 +98,30 @@ def native_bf16(features: CpuFeatures | None = None) -> bool:
     return (features or CpuFeatures.detect()).native_bf16
 
 
-def choose_dtype(requested: str | None = AUTO, features: CpuFeatures | None = None) -> DtypeChoice:
-    """``requested`` (``"bfloat16"``/``"float32"``) when the user chose one, else the hardware's pick.
+def choose_dtype(
+    requested: str | None = AUTO, features: CpuFeatures | None = None, *, recorded: str | None = None
+) -> DtypeChoice:
+    """The dtype to run in, by precedence: ``requested`` (``"bfloat16"``/``"float32"``) when the user chose
+    one; else ``recorded``, the dtype of the records a resumed measurement adds to (records of two dtypes
+    are not one measurement, whatever this CPU would pick); else the hardware's pick.
 
     Raises ``ValueError`` for any other value."""
     if requested not in (None, *CHOICES):
         raise ValueError(f"dtype must be one of {', '.join(CHOICES)}, got {requested!r}")
+    if recorded is not None and recorded not in DTYPES:
+        raise ValueError(f"recorded dtype must be one of {', '.join(DTYPES)}, got {recorded!r}")
     if requested in DTYPES:
         return DtypeChoice(requested, "chosen with --dtype", chosen_by_user=True)
     features = features or CpuFeatures.detect()
     why_not = features.why_not_native()
     if why_not is None:
-        return DtypeChoice("bfloat16", f"this CPU ({features.capability}) has native bfloat16 matmuls ({features.hardware_bf16})")
-    return DtypeChoice("float32", f"{why_not}; bfloat16 would run ~{SLOWDOWN_WITHOUT_NATIVE}x slower")
+        pick = DtypeChoice("bfloat16", f"this CPU ({features.capability}) has native bfloat16 matmuls ({features.hardware_bf16})")
+    else:
+        pick = DtypeChoice("float32", f"{why_not}; bfloat16 would run ~{SLOWDOWN_WITHOUT_NATIVE}x slower")
+    if recorded is None:
+        return pick
+    resumed = "the records being resumed were measured in it"
+    return DtypeChoice(recorded, resumed if pick.dtype == recorded else f"{resumed}; this CPU would pick {pick.dtype}: {pick.reason}")
 
 
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:

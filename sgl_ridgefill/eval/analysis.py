@@ -165,7 +165,24 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     if untimed:
         out["untimed_requests"] = len(untimed)
         out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
+    cpus = _requests_by_cpu(records)
+    if len(cpus) > 1:
+        out["cpus"] = cpus
     return out
+
+
+def _requests_by_cpu(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """``{"<cpu> (<capability>)": requests}`` over the sessions whose plan names the CPU they ran on."""
+    from .runner import REQUEST_KINDS
+
+    records = list(records)
+    machine = {r["session"]: f"{r['cpu']} ({r.get('cpu_capability')})" for r in records
+               if r.get("kind") == "plan" and r.get("session") is not None and r.get("cpu") is not None}
+    counted: Counter[str] = Counter()
+    for r in records:
+        if r.get("kind") in REQUEST_KINDS and r.get("session") in machine:
+            counted[machine[r["session"]]] += 1
+    return dict(counted)
 
 
 def progress(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:

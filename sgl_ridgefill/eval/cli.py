@@ -178,21 +178,22 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
         yield engine, stock
 
 
-def _dtype(args) -> str:
-    """The model dtype of the servers or engines this command starts, printed with the reason first. A GPU
-    (offline engines where CUDA is available) runs bfloat16 unless ``--dtype`` says otherwise; a server given
-    with ``--url`` runs whatever it was started with."""
+def _dtype(args, recorded: str | None = None) -> str:
+    """The model dtype of the servers or engines this command starts, printed with the reason first:
+    ``--dtype``; else ``recorded``, the dtype of the run being resumed (a run is measured in one dtype,
+    whichever machine resumes it); else bfloat16 for offline engines on a GPU and this CPU's pick for the
+    rest. A server given with ``--url`` runs whatever it was started with."""
     if args.url:
         return args.dtype
-    if args.engine and args.dtype == "auto":
+    if args.engine and args.dtype == "auto" and recorded is None:
         import torch
 
         if torch.cuda.is_available():
             print("dtype: bfloat16 (offline engines on the GPU)", flush=True)
             return "bfloat16"
-    from ..cpu.dtype import choose_dtype
+    from ..cpu.dtype import DTYPES, choose_dtype
 
-    choice = choose_dtype(args.dtype)
+    choice = choose_dtype(args.dtype, recorded=recorded if recorded in DTYPES else None)
     print(choice.line(), flush=True)
     return choice.dtype
 
@@ -242,9 +243,12 @@ def _check_lengths(lengths: tuple[int, ...], tail: int, config: dict, tasks: tup
 
 
 _SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fraction", "rows_select", "map_kind", "depths",
-             "upgrade_rows")
+             "upgrade_rows", "dtype", "maps_dtype")
 # Settings a results.jsonl written before they were recorded ran with.
 _SETTINGS_BEFORE = {"map_kind": "residual", "rows_select": None}
+# ... and those it ran with by another of its settings: the maps of a run recorded before their dtype was
+# kept were fitted by the same machine, in the dtype it picked for the run.
+_SETTINGS_BEFORE_AS = {"maps_dtype": "dtype"}
 
 
 def _fill_flops(kind: str, config: dict) -> int:
@@ -259,14 +263,29 @@ def _fill_flops(kind: str, config: dict) -> int:
 def changed_settings(meta: dict, settings: dict) -> list[str]:
     """``name: old -> new`` for each resume-relevant setting of ``settings`` that a run's meta record holds
     otherwise (a setting the record lacks counts as its value before it was recorded, if any)."""
+    before = {**_SETTINGS_BEFORE, **{k: meta[v] for k, v in _SETTINGS_BEFORE_AS.items() if v in meta}}
     changed = []
     for k in _SETTINGS:
-        if k not in meta and k not in _SETTINGS_BEFORE:
+        if k not in settings:
+            continue  # not known of this invocation (maps that do not say their dtype): nothing to compare
+        if k not in meta and k not in before:
             continue  # not recorded by the run that wrote the file: nothing to compare
-        old = meta.get(k, _SETTINGS_BEFORE.get(k))
+        old = meta.get(k, before.get(k))
         if old != settings[k]:
             changed.append(f"{k}: {old!r} -> {settings[k]!r}")
     return changed
+
+
+def _resume_hint(meta: dict, settings: dict) -> str:
+    """What to do about a run recorded with other settings: another ``--out``, or, where only the dtypes
+    differ (a run resumed on another machine), the dtype that continues it."""
+    dtype = meta.get("dtype")
+    if settings.get("maps_dtype", dtype) != dtype:
+        return (f"fit its maps in the dtype its records were measured in (sgl-ridgefill calibrate ... --dtype {dtype}) "
+                "or use another --out")
+    if settings["dtype"] != dtype:
+        return f"resume it with --dtype {dtype} (or without --dtype) or use another --out"
+    return "use another --out"
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -298,7 +317,8 @@ def _run(args: argparse.Namespace) -> int:
         if not results.exists():
             raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")
         return _write(args, load_records(results))
-    args.resolved_dtype = _dtype(args)
+    store = ResultStore(results)
+    args.resolved_dtype = _dtype(args, None if store.meta is None else store.meta.get("dtype"))
     model_dir = resolve_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     from ..maps import load_maps
@@ -347,18 +367,20 @@ def _run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, flush=True)
 
-    store = ResultStore(results)
     # A selection of one's own has no fixed share: reports take the rows the server said it computed.
     rows = {"rows_policy": A.ROWS_POLICY, "rows_fraction": None if args.rows_select else A.ROWS_SHARE / 100,
             "rows_select": args.rows_select}
     settings = {"model_path": str(model_dir), "split": split, "tail": args.tail, "maps": str(args.maps),
-                **rows, "map_kind": kind, "depths": args.depths, "upgrade_rows": args.upgrade_rows}
+                **rows, "map_kind": kind, "depths": args.depths, "upgrade_rows": args.upgrade_rows,
+                "dtype": args.resolved_dtype}
+    if maps.calibration_dtype is not None:
+        settings["maps_dtype"] = maps.calibration_dtype  # maps fitted again elsewhere must read the same activations
     if store.meta is not None:
         # The depth grid names samples by index: another --depths would pair old ids with new positions.
         changed = changed_settings(store.meta, settings)
         if changed:
             raise SystemExit(f"sgl-ridgefill eval: {results} holds a run with other settings ({'; '.join(changed)}); "
-                             "use another --out")
+                             + _resume_hint(store.meta, settings))
         meta = store.meta
     else:
         # Every resume-relevant setting, as a resumed run compares them.
@@ -367,8 +389,8 @@ def _run(args: argparse.Namespace) -> int:
                 "haystacks": list(haystacks), "seeds": args.seeds,
                 "longtail_tail": {str(k): v for k, v in plan.longtail.items()},
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": "sgl-ridgefill " + shlex.join(sys.argv[1:]),
-                "server": _backend_name(args), "threads": os.cpu_count(), "dtype": args.resolved_dtype,
-                **_cpu(args), "fill_flops_per_row": _fill_flops(kind, config)}
+                "server": _backend_name(args), "threads": os.cpu_count(), **_cpu(args),
+                "fill_flops_per_row": _fill_flops(kind, config)}
         store.add(meta)
     if args.exact_from:
         from .shared_exact import import_exact
@@ -402,7 +424,7 @@ def _run(args: argparse.Namespace) -> int:
             jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
             jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
             planned = sum(sizing.request_counts(samples, needle_arms, docs, loss_arms))
-            store.add(plan_record(requests=planned, pending=len(jobs)))
+            store.add(plan_record(requests=planned, pending=len(jobs), cpu=_cpu(args)))
             for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
                 (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
     finally:

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 
+from ..cpu.dtype import DTYPES
 from ..maps import kinds
 from ..models.fetch import default_cache_dir
 from ..tools import args as argtypes
@@ -99,13 +100,13 @@ class Run:
 
         return stats if self.shares_stats_pass else default_stats_dir(maps)
 
-    def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path) -> list[list[str]]:
+    def calibrate_commands(self, maps: pathlib.Path, stats: pathlib.Path, dtype: str | None = None) -> list[list[str]]:
         """The choose-split runs and every run of another map kind share one statistics pass holding every map
         kind (the same documents, so their text-haystack prompts pair across kinds), then fit their kind; the
-        other residual runs calibrate in one."""
+        other residual runs calibrate in one. ``dtype``: the model's dtype in the pass (None: this CPU's)."""
         cli = [sys.executable, "-m", "sgl_ridgefill.cli", "calibrate"]
         common = ["--model", self.model, "--corpus", self.corpus, "--splits", ",".join(map(str, self.splits)),
-                  "--max-tokens", str(CALIBRATION_TOKENS), *self.calibrate_extra]
+                  "--max-tokens", str(CALIBRATION_TOKENS), *(("--dtype", dtype) if dtype else ()), *self.calibrate_extra]
         if not self.shares_stats_pass:
             return [[*cli, *common, "--out", str(maps), "--force"]]
         return [[*cli, "stats", *common, "--kinds", "all", "--stats", str(stats)],  # resumes; a no-op once done
@@ -379,6 +380,18 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     return f"{done['done']} of {done['requests']} requests{where} ({left} left{about}; {then})"
 
 
+def recorded_dtype(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str | None:
+    """The dtype ``run``'s records were measured in (its results here, else those the repository keeps), which
+    maps fitted again for it must be fitted in too; None for a run not started."""
+    from .analysis import load_records
+
+    for path in (runs_dir / run.name / RAW, docs / "results" / run.name / RAW):
+        if path.exists():
+            meta = next((r for r in load_records(path) if r.get("kind") == "meta"), {})
+            return meta.get("dtype") if meta.get("dtype") in DTYPES else None
+    return None
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
@@ -409,7 +422,8 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
         print(f"{run.name}: no results under {out} yet; skipped", flush=True)
         return None
     if not report_only and not (maps / "manifest.json").exists():
-        for cmd in run.calibrate_commands(maps, runs_dir / "stats" / run.stats_name()):
+        stats = runs_dir / "stats" / run.stats_name()
+        for cmd in run.calibrate_commands(maps, stats, recorded_dtype(run, runs_dir, docs)):
             _sh(cmd)
     if run.group == CALIBRATION_DOMAIN and (maps / "manifest.json").exists():
         target.mkdir(parents=True, exist_ok=True)
@@ -474,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             stats = args.runs_dir / "stats" / run.stats_name()
             command = run.eval_command(maps, args.runs_dir / run.name, exact_from=exact_sources(run, RUNS, args.runs_dir, args.docs))
             print(f"# {run.name} ({run_status(run, args.runs_dir, args.docs)})\n"
-                  + "\n".join(shlex.join(c) for c in run.calibrate_commands(maps, stats)) + "\n"
+                  + "\n".join(shlex.join(c) for c in run.calibrate_commands(
+                      maps, stats, recorded_dtype(run, args.runs_dir, args.docs))) + "\n"
                   f"{shlex.join(command)}")
         return 0
     if not args.render_only:

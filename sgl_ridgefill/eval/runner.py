@@ -14,7 +14,7 @@ import json
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -101,6 +101,8 @@ class ResultStore:
             name, start = self.session
             rec = {**rec, "session": name, "at": round(self.clock() - start, 1)}
             self.session_requests += 1
+        elif self.session is not None and rec.get("kind") == "plan":
+            rec = {**rec, "session": self.session[0]}  # the machine it names ran this session's requests
         with self.path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.done.add(self.key(rec))
@@ -125,10 +127,11 @@ def session_record(seconds: float, requests: int, session: str | None = None) ->
     return rec if session is None else {**rec, "session": session}
 
 
-def plan_record(*, requests: int, pending: int) -> dict:
+def plan_record(*, requests: int, pending: int, cpu: Mapping[str, str] | None = None) -> dict:
     """What an invocation set out to do: ``requests``, every arm of every sample and document, and ``pending``,
-    those not done yet (``analysis.progress``, what ``results --list`` says is left)."""
-    return {"kind": "plan", "requests": requests, "pending": pending}
+    those not done yet (``analysis.progress``, what ``results --list`` says is left); ``cpu``, the machine its
+    servers run on (``cpu``, ``cpu_capability``; none for a server given by address)."""
+    return {"kind": "plan", "requests": requests, "pending": pending, **(cpu or {})}
 
 
 class RanExact(RuntimeError):

@@ -46,6 +46,22 @@ def test_the_users_choice_wins():
         choose_dtype("fp16", AMX)
 
 
+def test_a_measurement_resumed_on_another_cpu_keeps_the_dtype_it_was_recorded_in():
+    """A run recorded in bfloat16 resumes in bfloat16 on a CPU that would pick float32 (and says what it
+    costs); the user's --dtype still wins, and nothing recorded leaves the hardware's pick."""
+    resumed = choose_dtype("auto", EPYC_AVX2, recorded="bfloat16")
+    assert resumed.line() == (
+        "dtype: bfloat16 (the records being resumed were measured in it; this CPU would pick float32: this CPU "
+        "(AVX2) has no native bfloat16 matmul; bfloat16 would run ~6x slower)"
+    )
+    assert choose_dtype("auto", AMX, recorded="bfloat16").line() == (
+        "dtype: bfloat16 (the records being resumed were measured in it)")
+    assert choose_dtype("float32", AMX, recorded="bfloat16").dtype == "float32"
+    assert choose_dtype("auto", AMX, recorded=None).dtype == "bfloat16"
+    with pytest.raises(ValueError, match="recorded dtype must be one of bfloat16, float32, got 'float16'"):
+        choose_dtype("auto", AMX, recorded="float16")
+
+
 def test_detect_reads_torch_and_the_environment():
     import torch
 

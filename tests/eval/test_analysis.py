@@ -545,6 +545,32 @@ def test_progress_counts_the_requests_done_against_the_latest_plan_at_the_sessio
     assert summarize(load_records(tmp_path / "results.jsonl"), n_resamples=N_RESAMPLES)["retrieval"]  # plan: ignored
 
 
+def test_a_run_resumed_on_another_cpu_says_how_many_requests_each_cpu_measured(tmp_path):
+    """Each session's plan names the CPU it runs on; where a run's requests ran on more than one, its wall time
+    (and the report) says how many each measured, since the times per request are not one machine's."""
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, plan_record
+
+    clock = iter([0.0, 30.0, 60.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8, "cpu": "Xeon", "cpu_capability": "AVX512"})
+    store.begin_session()  # t = 0
+    store.add(plan_record(requests=3, pending=3, cpu={"cpu": "Xeon", "cpu_capability": "AVX512"}))
+    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))  # t = 30
+    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))  # t = 60
+    store.add(store.end_session())  # t = 70
+    assert "cpus" not in wall_time(load_records(tmp_path / "results.jsonl"))  # one CPU: the setup names it
+    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    resumed.begin_session()  # t = 1000
+    resumed.add(plan_record(requests=3, pending=1, cpu={"cpu": "EPYC", "cpu_capability": "AVX2"}))
+    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))  # t = 1200
+    resumed.add(resumed.end_session())  # t = 1210
+    records = load_records(tmp_path / "results.jsonl")
+    assert wall_time(records)["cpus"] == {"Xeon (AVX512)": 2, "EPYC (AVX2)": 1}
+    report = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
+    assert "| wall time | 4.7 min in 2 session(s), 3 request(s); requests by CPU: Xeon (AVX512) 2, EPYC (AVX2) 1 |" in report
+
+
 def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
     from sgl_ridgefill.eval.analysis import wall_time
     from sgl_ridgefill.eval.runner import ResultStore, session_record

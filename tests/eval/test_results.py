@@ -196,6 +196,30 @@ def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypat
     assert (docs / "results" / first.name / "REPORT.md").exists()
 
 
+def test_maps_fitted_again_for_a_resumed_run_are_fitted_in_the_dtype_its_records_were_measured_in(tmp_path, monkeypatch, capsys):
+    """On a machine whose CPU would pick another dtype, the maps a resumed run needs are fitted from the same
+    dtype's activations as those its records read; a run not started fits them in this CPU's dtype."""
+    docs, runs = tmp_path / "docs", tmp_path / "runs"
+    run = next(r for r in results.RUNS if r.name == "qwen2.5-0.5b-s12-16k-longdocs-q")
+    fresh = next(r for r in results.RUNS if r.name == "qwen2.5-0.5b-s12-32k-q")
+    kept = docs / "results" / run.name / results.RAW
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"kind": "meta", "dtype": "bfloat16"}\n')
+    ran = []
+
+    def fake(cmd, ok=(0,)):
+        ran.append(cmd)
+        (runs / fresh.name).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(results, "_sh", fake)
+    results.run_one(run, runs, docs)
+    results.run_one(fresh, runs, docs)
+    calibrate = [c for c in ran if c[3] == "calibrate"]
+    assert [c[c.index("--dtype") + 1] if "--dtype" in c else None for c in calibrate] == ["bfloat16", None]
+    assert results.main(["--list", "--only", run.name, "--runs-dir", str(tmp_path / "elsewhere"), "--docs", str(docs)]) == 0
+    assert "--max-tokens 200000 --dtype bfloat16" in capsys.readouterr().out
+
+
 def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path):
     group = [r for r in results.RUNS if r.group == results.SELECTION_LAYERS]
     layer_names = [f"smollm2-135m-kv-context-s15-l{'-'.join(map(str, l))}-q" for l in results.SMOL_LAYER_SETS]

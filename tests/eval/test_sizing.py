@@ -104,6 +104,25 @@ def test_resuming_refuses_other_maps_kinds_rows_and_depth_grids(tmp_path):
     assert changed_settings(upgraded, settings) == ["upgrade_rows: 512 -> 0"]
 
 
+def test_resuming_refuses_another_dtype_or_maps_fitted_in_another_dtype():
+    """A run resumed on another machine: records of one dtype are not pooled with another's, nor with
+    records read through maps fitted from another dtype's activations (the maps folder is fitted again
+    there). A run recorded before the maps' dtype was kept had its maps fitted in its own dtype."""
+    from sgl_ridgefill.eval.cli import _resume_hint, changed_settings
+
+    settings = {"model_path": "m", "split": 12, "tail": 1024, "maps": "d", "rows_policy": "eval-rows",
+                "rows_fraction": 0.1, "rows_select": None, "map_kind": "residual", "depths": 10, "upgrade_rows": 0,
+                "dtype": "bfloat16", "maps_dtype": "bfloat16"}
+    assert changed_settings(settings, settings) == []
+    assert changed_settings(settings, {**settings, "dtype": "float32"}) == ["dtype: 'bfloat16' -> 'float32'"]
+    older = {k: v for k, v in settings.items() if k != "maps_dtype"}
+    assert changed_settings(older, settings) == []
+    assert changed_settings(older, {**settings, "maps_dtype": "float32"}) == ["maps_dtype: 'bfloat16' -> 'float32'"]
+    assert "--dtype bfloat16 (or without --dtype)" in _resume_hint(settings, {**settings, "dtype": "float32"})
+    assert "calibrate ... --dtype bfloat16" in _resume_hint(settings, {**settings, "maps_dtype": "float32"})
+    assert _resume_hint(settings, {**settings, "split": 14}) == "use another --out"
+
+
 def test_a_run_records_what_its_map_kind_costs_per_filled_row():
     from sgl_ridgefill.eval.cli import _fill_flops
 
