@@ -7,7 +7,9 @@ attended rows are the ones to compute exactly.
 Attention peaks on a few tokens of a passage (a needle's key word, one digit of its number), while reading
 the passage back needs all of it. ``pool`` ranks each row by the most attention any row within ``pool``
 positions of it receives (max-pooling, as SnapKV pools its votes), so a chosen peak brings its
-neighbours.
+neighbours. A window stops short of a passage longer than it: a needle of twenty tokens whose peak is its
+key word loses its number's last digits. ``sentence`` ranks each row of a short sentence by the most
+attention any row of that sentence receives, so the sentence is chosen whole behind its peak.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ DEFAULT_LAYERS = (3, 7, 11, 15)
 
 
 def attention_topk(
-    inputs: SelectionInputs, *, q: int, share: float, layers: tuple[int, ...], query: str, pool: int = 0
+    inputs: SelectionInputs, *, q: int, share: float, layers: tuple[int, ...], query: str, pool: int = 0,
+    sentence: int = 0,
 ) -> torch.Tensor:
     """The prefix rows that receive the most attention from `q` query tokens (top `share` of the prefix).
 
@@ -37,12 +40,19 @@ def attention_topk(
     tokens just before the tail, a question-blind variant for caches that serve several questions.
     `pool > 0` scores every row by the largest attention within `pool` rows of it (either side), so the
     rows around each peak are chosen with it; ties keep position order, so a window is taken whole.
+    `sentence > 0` also scores every row of a sentence of at most `sentence` tokens (ended by `.`, `!`, `?`
+    or a line break) by the largest attention in that sentence, so a passage is chosen whole behind its
+    peak; it reads the tokenizer's tokens.
     Returns ranked rows, most attended first: [round(share * prefix_len)] int64.
     """
     received = inputs.statistic(AttentionRequirement(tuple(layers), query, q), "attention_topk")
+    scores = received
     if pool > 0 and received.numel() > 0:
-        received = max_pool(received, pool)
-    return rank_by_score(received)[: share_count(share, inputs.prefix_len)]
+        scores = max_pool(received, pool)
+    if sentence > 0 and received.numel() > 0:
+        ends = inputs.require_tokens("attention_topk").sentence_end_mask(inputs.prefix_ids)
+        scores = torch.maximum(scores.float(), sentence_max(received, ends, sentence))
+    return rank_by_score(scores)[: share_count(share, inputs.prefix_len)]
 
 
 def max_pool(scores: torch.Tensor, radius: int) -> torch.Tensor:
@@ -50,6 +60,19 @@ def max_pool(scores: torch.Tensor, radius: int) -> torch.Tensor:
     radius = min(radius, scores.numel())  # a window wider than the prefix is the whole prefix
     padded = scores.float().reshape(1, 1, -1)
     return F.max_pool1d(F.pad(padded, (radius, radius), value=float("-inf")), 2 * radius + 1, stride=1).reshape(-1)
+
+
+def sentence_max(scores: torch.Tensor, ends: torch.Tensor, longest: int) -> torch.Tensor:
+    """``out[j]``: the largest score in row ``j``'s sentence when that sentence has at most ``longest`` rows,
+    else ``-inf``. ``ends`` ([n] bool) marks the row that ends each sentence (it belongs to the sentence
+    it ends); the rows after the last end are a sentence too. ``[n] -> [n]`` float32."""
+    ends = ends.to(torch.int64)
+    sentence = torch.cumsum(ends, 0) - ends  # the number of sentences ended before each row
+    count = int(sentence[-1]) + 1
+    values = scores.float()
+    peak = torch.full((count,), float("-inf")).scatter_reduce(0, sentence, values, "amax", include_self=False)
+    short = torch.bincount(sentence, minlength=count) <= longest
+    return torch.where(short, peak, torch.full_like(peak, float("-inf"))).index_select(0, sentence)
 
 
 def _resolve(args: dict[str, Any], ctx: BindContext) -> dict[str, Any]:
@@ -100,7 +123,10 @@ SPEC = SelectorSpec(
         Param("query", "str", "which tokens ask: the last q, or the q before the tail", default="last", choices=QUERY_KINDS),
         Param("pool", "int", "rows either side of a peak that share its score (0: none)", default=0, minimum=0,
               maximum=1 << 20),
+        Param("sentence", "int", "longest sentence, in tokens, whose rows share its peak's score (0: none)",
+              default=0, minimum=0, maximum=1 << 20),
     ),
+    needs_tokens=lambda args: args["sentence"] > 0,
     resolve=_resolve,
     requirements=_requirements,
     expected_rows=lambda args, n: share_count(args["share"], n),

@@ -83,6 +83,8 @@ class SelectorSpec:
         (raises ``ArgumentError``); receives every parameter, defaults filled in.
     requirements: runtime statistics the resolved arguments need.
     ranks_all: the selector ranks every prefix row, so it is only meaningful under a budget.
+    needs_tokens / needs_token_counts: it reads ``SelectionInputs.tokens`` / ``.token_counts``; either may
+        depend on the resolved arguments (a function of them).
     expected_rows: rows it typically selects from a prefix of the given length (``policy explain``;
         an estimate, documented where it is an assumption).
     """
@@ -93,8 +95,8 @@ class SelectorSpec:
     resolve: Callable[[dict[str, Any], BindContext], dict[str, Any]] | None = None
     requirements: Callable[[Mapping[str, Any]], tuple[Requirement, ...]] = _no_requirements
     ranks_all: bool = False
-    needs_tokens: bool = False
-    needs_token_counts: bool = False
+    needs_tokens: bool | Callable[[Mapping[str, Any]], bool] = False
+    needs_token_counts: bool | Callable[[Mapping[str, Any]], bool] = False
     expected_rows: Callable[[Mapping[str, Any], int], float] | None = None
 
     def __post_init__(self) -> None:
@@ -153,6 +155,16 @@ class BoundSelector:
     @property
     def requirements(self) -> tuple[Requirement, ...]:
         return tuple(self.spec.requirements(self.kwargs))
+
+    @property
+    def needs_tokens(self) -> bool:
+        need = self.spec.needs_tokens
+        return bool(need(self.kwargs) if callable(need) else need)
+
+    @property
+    def needs_token_counts(self) -> bool:
+        need = self.spec.needs_token_counts
+        return bool(need(self.kwargs) if callable(need) else need)
 
     def expected_rows(self, prefix_len: int) -> float | None:
         if self.spec.expected_rows is None:

@@ -182,6 +182,11 @@ class TokenTable:
         """[n] bool: the token is a special token."""
         return self._gather(self.is_special, ids, False)
 
+    def sentence_end_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] bool: the token ends a sentence (``.``, ``!``, ``?`` before any closing quote or bracket, or a
+        line break)."""
+        return self._gather(self.ends_sentence, ids, False)
+
     def word_starts(self, ids: torch.Tensor) -> torch.Tensor:
         """[n] bool: position starts a word (marker, first position, or after a non-alphanumeric token)."""
         starts = self._gather(self.starts_word, ids, True)

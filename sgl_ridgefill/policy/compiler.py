@@ -236,8 +236,8 @@ class _Compiler:
             requirements=selection.requirements() if selection is not None else (),
             identity=hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16],
             selection=selection,
-            needs_tokens=any(s.spec.needs_tokens for s in selectors),
-            needs_token_counts=any(s.spec.needs_token_counts for s in selectors),
+            needs_tokens=any(s.needs_tokens for s in selectors),
+            needs_token_counts=any(s.needs_token_counts for s in selectors),
             warnings=self.warnings(arm, split, layers, selection, cache),
             source=self.policy,
         )

@@ -114,7 +114,7 @@ def test_explain_output(capsys, tmp_path):
     assert "  r = S/L + (1 - S/L)*T/N = 0.3750 + 0.6250 * 0.2500 = 0.5312   bound 1/r = 1.88x" in out
     assert "  exact prefix rows: about 1229 of 12288" in out
     assert "  with exact rows: r = 0.5781   bound 1.73x" in out
-    assert "attention_topk(layers=[3, 7, 11], pool=0, q=64, query=\"last\", share=10%): The prefix rows that receive" in out
+    assert "attention_topk(layers=[3, 7, 11], pool=0, q=64, query=\"last\", sentence=0, share=10%): The prefix rows that receive" in out
     assert "attention received from the last 64 prompt tokens, summed over heads of layers 3, 7, 11" in out
     assert "maps: size unknown" in out
     code, out, _ = run(capsys, "explain", ROWS, "--tokens", "16384", "--maps", str(_manifest(tmp_path / "bf16")))

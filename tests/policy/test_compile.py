@@ -68,6 +68,9 @@ def test_token_needs():
     assert c('policy "p" { split 12 select digits() }').needs_tokens
     p = c('policy "p" { split 12 select protected_classes() }')
     assert p.needs_tokens and p.needs_token_counts
+    # attention_topk reads the token table only to find sentences.
+    assert not c('policy "p" { split 12 select attention_topk(pool=8) }').needs_tokens
+    assert c('policy "p" { split 12 select attention_topk(pool=8, sentence=48) }').needs_tokens
 
 
 def test_identity_ignores_comments_but_not_meaning():

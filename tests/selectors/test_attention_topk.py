@@ -7,7 +7,7 @@ from sgl_ridgefill.selectors.attention import SPEC, attention_topk
 from sgl_ridgefill.selectors.base import AttentionRequirement, SelectionError
 from sgl_ridgefill.selectors.spec import ArgumentError, BindContext
 
-from .helpers import inputs
+from .helpers import inputs, table_and_ids
 
 STATS = [0.5, 0.1, 0.9, 0.3, 0.9, 0.0, 0.2, 0.8, 0.4, 0.6]
 
@@ -102,3 +102,53 @@ def test_pool_defaults_to_zero_and_a_negative_pool_is_a_policy_error():
     check_rows_select("attention_topk(pool=8)", 12)
     with pytest.raises(ValueError, match="argument pool of attention_topk.* must be between 0 and"):
         check_rows_select("attention_topk(pool=-1)", 12)
+
+
+def _needle_prompt():
+    """A haystack sentence, a needle sentence whose peak is its key word, and another haystack sentence."""
+    words = [" The", " sky", " is", " blue", ".",  # 0-4
+             " One", " magic", " number", " is", ":", " 7", "3", "1", "4", ".",  # 5-14: the needle
+             " Grass", " is", " green", "."]  # 15-18
+    table, ids = table_and_ids(words)
+    stats = torch.full((len(words),), 0.01)
+    stats[6], stats[4] = 1.0, 0.3  # the key word; the haystack's sentence end
+    return table, ids, stats
+
+
+def test_sentence_gives_a_short_sentence_its_peak_so_the_needle_is_taken_whole():
+    """Attention peaks on a needle's key word; its number's last digits sit further from it than the pool
+    reaches. ``sentence=N`` gives every row of a sentence of at most N tokens the highest attention in it,
+    so the sentence ranks whole behind its peak; the pooled window's spill into the sentence before does not
+    bring that sentence along."""
+    table, ids, stats = _needle_prompt()
+    req = AttentionRequirement((3,), "last", 64)
+    x = inputs(ids, len(ids), attention={req: stats}, tokens=table)
+    pooled = attention_topk(x, q=64, share=10 / 19, layers=(3,), query="last", pool=2)
+    assert sorted(pooled.tolist()[:5]) == [4, 5, 6, 7, 8]  # the pool's window: the digits are not in it
+    whole = attention_topk(x, q=64, share=10 / 19, layers=(3,), query="last", pool=2, sentence=16)
+    assert whole.tolist() == [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # ties rank in position order: the budget cuts
+    assert attention_topk(x, q=64, share=11 / 19, layers=(3,), query="last", pool=2, sentence=16).tolist()[10] == 14
+    # The haystack sentence before keeps its own peak (0.3, its end): only row 4 rode the pool's window.
+    assert attention_topk(x, q=64, share=1.0, layers=(3,), query="last", pool=2, sentence=16).tolist()[11:16] == [
+        0, 1, 2, 3, 15]
+
+
+def test_a_sentence_longer_than_the_limit_keeps_the_pooled_scores():
+    table, ids, stats = _needle_prompt()
+    req = AttentionRequirement((3,), "last", 64)
+    x = inputs(ids, len(ids), attention={req: stats}, tokens=table)
+    # The needle is 10 tokens: a limit of 9 leaves it to the pool, as does sentence=0 (the default).
+    short = attention_topk(x, q=64, share=5 / 19, layers=(3,), query="last", pool=2, sentence=9)
+    assert short.tolist() == attention_topk(x, q=64, share=5 / 19, layers=(3,), query="last", pool=2).tolist()
+    without_pool = attention_topk(x, q=64, share=10 / 19, layers=(3,), query="last", sentence=10)
+    assert without_pool.tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+
+
+def test_sentence_reads_the_token_table_and_says_so():
+    ctx = BindContext(arm="ridgefill", split=12, tail=64, num_layers=24, attention_layers=None)
+    assert not SPEC.bind({}, ctx).needs_tokens and SPEC.bind({}, ctx).kwargs["sentence"] == 0
+    assert SPEC.bind({"sentence": 48}, ctx).needs_tokens
+    req = AttentionRequirement((3,), "last", 64)
+    x = inputs(list(range(12)), 10, attention={req: torch.tensor(STATS)})
+    with pytest.raises(SelectionError, match=r"attention_topk\(\) needs SelectionInputs.tokens"):
+        attention_topk(x, q=64, share=0.3, layers=(3,), query="last", sentence=8)
