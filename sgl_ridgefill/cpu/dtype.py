@@ -99,11 +99,13 @@ def native_bf16(features: CpuFeatures | None = None) -> bool:
 
 
 def choose_dtype(
-    requested: str | None = AUTO, features: CpuFeatures | None = None, *, recorded: str | None = None
+    requested: str | None = AUTO, features: CpuFeatures | None = None, *, recorded: str | None = None,
+    recorded_by: str = "the records being resumed were measured in it",
 ) -> DtypeChoice:
     """The dtype to run in, by precedence: ``requested`` (``"bfloat16"``/``"float32"``) when the user chose
-    one; else ``recorded``, the dtype of the records a resumed measurement adds to (records of two dtypes
-    are not one measurement, whatever this CPU would pick); else the hardware's pick.
+    one; else ``recorded``, the dtype of the records a measurement adds to or is paired with (``recorded_by``
+    says which, as the reason: records of two dtypes are not one measurement, whatever this CPU would pick);
+    else the hardware's pick.
 
     Raises ``ValueError`` for any other value."""
     if requested not in (None, *CHOICES):
@@ -120,8 +122,8 @@ def choose_dtype(
         pick = DtypeChoice("float32", f"{why_not}; bfloat16 would run ~{SLOWDOWN_WITHOUT_NATIVE}x slower")
     if recorded is None:
         return pick
-    resumed = "the records being resumed were measured in it"
-    return DtypeChoice(recorded, resumed if pick.dtype == recorded else f"{resumed}; this CPU would pick {pick.dtype}: {pick.reason}")
+    why = recorded_by if pick.dtype == recorded else f"{recorded_by}; this CPU would pick {pick.dtype}: {pick.reason}"
+    return DtypeChoice(recorded, why)
 
 
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:

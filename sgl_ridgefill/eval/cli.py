@@ -178,24 +178,46 @@ def _engines(args, model_dir: pathlib.Path, split: int, policy_file: pathlib.Pat
         yield engine, stock
 
 
-def _dtype(args, recorded: str | None = None) -> str:
+def _dtype(args, recorded: str | None = None, paired: str | None = None) -> str:
     """The model dtype of the servers or engines this command starts, printed with the reason first:
     ``--dtype``; else ``recorded``, the dtype of the run being resumed (a run is measured in one dtype,
-    whichever machine resumes it); else bfloat16 for offline engines on a GPU and this CPU's pick for the
-    rest. A server given with ``--url`` runs whatever it was started with."""
-    if args.url:
-        return args.dtype
-    if args.engine and args.dtype == "auto" and recorded is None:
-        import torch
-
-        if torch.cuda.is_available():
-            print("dtype: bfloat16 (offline engines on the GPU)", flush=True)
-            return "bfloat16"
+    whichever machine resumes it), or for a new run ``paired``, that of the exact arm it reuses
+    (``--exact-from``); else bfloat16 for offline engines on a GPU and this CPU's pick for the rest. A
+    server given with ``--url`` runs whatever it was started with."""
     from ..cpu.dtype import DTYPES, choose_dtype
 
-    choice = choose_dtype(args.dtype, recorded=recorded if recorded in DTYPES else None)
+    if args.url:
+        return args.dtype
+    if recorded in DTYPES:
+        choice = choose_dtype(args.dtype, recorded=recorded)
+    elif recorded is None and paired in DTYPES:
+        choice = choose_dtype(args.dtype, recorded=paired,
+                              recorded_by="the exact arm it reuses (--exact-from) was measured in it")
+    elif args.engine and args.dtype == "auto" and _cuda():
+        print("dtype: bfloat16 (offline engines on the GPU)", flush=True)
+        return "bfloat16"
+    else:
+        choice = choose_dtype(args.dtype)
     print(choice.line(), flush=True)
     return choice.dtype
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _exact_from_dtype(sources) -> str | None:
+    """The dtype the runs of ``--exact-from`` were measured in, when those that exist agree on one."""
+    from .analysis import load_records
+
+    found = set()
+    for source in sources:
+        path = pathlib.Path(source) / "results.jsonl"
+        if path.exists():
+            found.add(next((r for r in load_records(path) if r.get("kind") == "meta"), {}).get("dtype"))
+    return found.pop() if len(found) == 1 else None
 
 
 def _cpu(args) -> dict[str, str]:
@@ -318,7 +340,8 @@ def _run(args: argparse.Namespace) -> int:
             raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")
         return _write(args, load_records(results))
     store = ResultStore(results)
-    args.resolved_dtype = _dtype(args, None if store.meta is None else store.meta.get("dtype"))
+    args.resolved_dtype = _dtype(args, None if store.meta is None else store.meta.get("dtype"),
+                                 _exact_from_dtype(args.exact_from or ()))
     model_dir = resolve_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     from ..maps import load_maps

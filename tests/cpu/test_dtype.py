@@ -58,6 +58,8 @@ def test_a_measurement_resumed_on_another_cpu_keeps_the_dtype_it_was_recorded_in
         "dtype: bfloat16 (the records being resumed were measured in it)")
     assert choose_dtype("float32", AMX, recorded="bfloat16").dtype == "float32"
     assert choose_dtype("auto", AMX, recorded=None).dtype == "bfloat16"
+    paired = choose_dtype("auto", EPYC_AVX2, recorded="bfloat16", recorded_by="the exact arm it reuses was measured in it")
+    assert paired.line().startswith("dtype: bfloat16 (the exact arm it reuses was measured in it; this CPU would pick")
     with pytest.raises(ValueError, match="recorded dtype must be one of bfloat16, float32, got 'float16'"):
         choose_dtype("auto", AMX, recorded="float16")
 

@@ -54,3 +54,16 @@ def test_local_cpu_servers_leave_room_for_a_larger_models_weights():
 def test_a_gpu_engine_lets_sglang_size_its_memory():
     # An 8B model's weights alone are 16 GB: a fixed small fraction of an 80 GB GPU cannot hold them.
     assert "mem_fraction_static" not in cli._serving_settings(pathlib.Path("/m"), 4096, "bfloat16", cpu=False)
+
+
+def test_a_run_paired_with_anothers_exact_arm_runs_in_its_dtype(tmp_path, capsys):
+    """A new run that reuses a sibling's exact arm (--exact-from) is measured in that arm's dtype: records of
+    another dtype are not reused, and its rows would have nothing to be paired with."""
+    for name, dtype in (("a", "bfloat16"), ("b", "bfloat16"), ("c", "float32")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text(f'{{"kind": "meta", "dtype": "{dtype}"}}\n')
+    assert cli._exact_from_dtype([tmp_path / "a", tmp_path / "b", tmp_path / "missing"]) == "bfloat16"
+    assert cli._exact_from_dtype([tmp_path / "a", tmp_path / "c"]) is None  # they disagree: this CPU's pick
+    assert cli._exact_from_dtype([]) is None
+    assert cli._dtype(_args(), None, "bfloat16") == "bfloat16"
+    assert "the exact arm it reuses (--exact-from) was measured in it" in capsys.readouterr().out

@@ -198,7 +198,7 @@ def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypat
 
 def test_maps_fitted_again_for_a_resumed_run_are_fitted_in_the_dtype_its_records_were_measured_in(tmp_path, monkeypatch, capsys):
     """On a machine whose CPU would pick another dtype, the maps a resumed run needs are fitted from the same
-    dtype's activations as those its records read; a run not started fits them in this CPU's dtype."""
+    dtype's activations as those its records read; so are a new run's whose exact arm comes from a sibling."""
     docs, runs = tmp_path / "docs", tmp_path / "runs"
     run = next(r for r in results.RUNS if r.name == "qwen2.5-0.5b-s12-16k-longdocs-q")
     fresh = next(r for r in results.RUNS if r.name == "qwen2.5-0.5b-s12-32k-q")
@@ -215,7 +215,12 @@ def test_maps_fitted_again_for_a_resumed_run_are_fitted_in_the_dtype_its_records
     results.run_one(run, runs, docs)
     results.run_one(fresh, runs, docs)
     calibrate = [c for c in ran if c[3] == "calibrate"]
-    assert [c[c.index("--dtype") + 1] if "--dtype" in c else None for c in calibrate] == ["bfloat16", None]
+    assert [c[c.index("--dtype") + 1] if "--dtype" in c else None for c in calibrate] == ["bfloat16", "bfloat16"]
+    # A run not started fits its maps in its own CPU's dtype, unless it reuses a sibling's exact arm: then in
+    # that arm's dtype, which its answers are paired with.
+    assert results.recorded_dtype(fresh, tmp_path / "no-runs", tmp_path / "no-docs") is None
+    alone = next(r for r in results.RUNS if not r.group)
+    assert results.recorded_dtype(alone, runs, docs) is None
     assert results.main(["--list", "--only", run.name, "--runs-dir", str(tmp_path / "elsewhere"), "--docs", str(docs)]) == 0
     assert "--max-tokens 200000 --dtype bfloat16" in capsys.readouterr().out
 
@@ -244,11 +249,16 @@ def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path
     qwen = [r for r in group if r.model == "qwen2.5-coder-1.5b"]
     assert [r.name for r in qwen] == ["qwen2.5-1.5b-s14-q"] + [
         f"qwen2.5-1.5b-s14-l{'-'.join(map(str, l))}-q" for l in results.QWEN_1_5B_LAYER_SETS] + [
-        "qwen2.5-1.5b-s14-l3-7-11-lexical-q"]
+        "qwen2.5-1.5b-s14-l3-7-11-lexical-q", "qwen2.5-1.5b-s14-l3-7-11-sentence-q"]
     # The shipped layers with the lexical reserve that held SmolLM2's prose needles.
-    assert qwen[-1].rows_select == results.POOLED_TAIL_ROWS + " reserve lexical_net() up to 3%"
-    for run, layers in zip(qwen[1:], [*results.QWEN_1_5B_LAYER_SETS, (3, 7, 11)]):
-        assert run.rows_select.startswith(results.pooled_tail_rows(layers)) and max(layers) < run.split
+    assert qwen[-2].rows_select == results.POOLED_TAIL_ROWS + " reserve lexical_net() up to 3%"
+    # ... and with every short sentence taken whole behind its peak, in both of the selection's rankings.
+    assert qwen[-1].rows_select == results.sentence_rows() == results.POOLED_TAIL_ROWS.replace(
+        "pool=8)", "pool=8, sentence=32)")
+    assert qwen[-1].rows_select.count("sentence=32") == 2
+    for run, layers in zip(qwen[1:], [*results.QWEN_1_5B_LAYER_SETS, (3, 7, 11), (3, 7, 11)]):
+        shown = f"layers=[{', '.join(map(str, layers))}]"
+        assert run.rows_select.count(shown) == 2 and max(layers) < run.split
         assert run.extra[run.extra.index("--needle-arms") + 1] == "ridgefill+rows"
         # Paired with the shared run's exact arm (a sibling layer run already in the repository may add its own).
         sources = results.exact_sources(run, results.RUNS, tmp_path, results.REPO_DOCS)
@@ -281,7 +291,14 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
 
     group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
     assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q",
-                          "qwen2.5-0.5b-s12-16k-loss-q"}
+                          "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q"}
+    # The sentence selection at 16K: its rows arm on the 16K run's prompts and maps, paired with that run's exact arm.
+    sentence = group["qwen2.5-0.5b-s12-16k-sentence-q"]
+    assert sentence.rows_select == results.sentence_rows() and sentence.maps_name() == group[
+        "qwen2.5-0.5b-s12-16k-q"].maps_name()
+    assert sentence.extra[sentence.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+    assert results.REPO_DOCS / "results" / "qwen2.5-0.5b-s12-16k-q" in results.exact_sources(
+        sentence, results.RUNS, tmp_path / "elsewhere", results.REPO_DOCS)
     loss = group["qwen2.5-0.5b-s12-16k-loss-q"]
     # The key-token loss of the three arms at 16K, its needle grid's exact arm imported from the 16K run.
     assert loss.extra[loss.extra.index("--loss-arms") + 1] == "exact,ridgefill,ridgefill+rows"
