@@ -269,7 +269,8 @@ _SETTINGS = ("model_path", "split", "tail", "maps", "rows_policy", "rows_fractio
 # Settings a results.jsonl written before they were recorded ran with.
 _SETTINGS_BEFORE = {"map_kind": "residual", "rows_select": None}
 # ... and those it ran with by another of its settings: the maps of a run recorded before their dtype was
-# kept were fitted by the same machine, in the dtype it picked for the run.
+# kept were fitted by the same machine, in the dtype it picked for the run (a model dtype, not the "auto" a run
+# against a server given by address records).
 _SETTINGS_BEFORE_AS = {"maps_dtype": "dtype"}
 
 
@@ -285,7 +286,9 @@ def _fill_flops(kind: str, config: dict) -> int:
 def changed_settings(meta: dict, settings: dict) -> list[str]:
     """``name: old -> new`` for each resume-relevant setting of ``settings`` that a run's meta record holds
     otherwise (a setting the record lacks counts as its value before it was recorded, if any)."""
-    before = {**_SETTINGS_BEFORE, **{k: meta[v] for k, v in _SETTINGS_BEFORE_AS.items() if v in meta}}
+    from ..cpu.dtype import DTYPES
+
+    before = {**_SETTINGS_BEFORE, **{k: meta[v] for k, v in _SETTINGS_BEFORE_AS.items() if meta.get(v) in DTYPES}}
     changed = []
     for k in _SETTINGS:
         if k not in settings:
@@ -301,7 +304,11 @@ def changed_settings(meta: dict, settings: dict) -> list[str]:
 def _resume_hint(meta: dict, settings: dict) -> str:
     """What to do about a run recorded with other settings: another ``--out``, or, where only the dtypes
     differ (a run resumed on another machine), the dtype that continues it."""
+    from ..cpu.dtype import DTYPES
+
     dtype = meta.get("dtype")
+    if dtype not in DTYPES:
+        return "use another --out"
     if settings.get("maps_dtype", dtype) != dtype:
         return (f"fit its maps in the dtype its records were measured in (sgl-ridgefill calibrate ... --dtype {dtype}) "
                 "or use another --out")

@@ -121,6 +121,11 @@ def test_resuming_refuses_another_dtype_or_maps_fitted_in_another_dtype():
     assert "--dtype bfloat16 (or without --dtype)" in _resume_hint(settings, {**settings, "dtype": "float32"})
     assert "calibrate ... --dtype bfloat16" in _resume_hint(settings, {**settings, "maps_dtype": "float32"})
     assert _resume_hint(settings, {**settings, "split": 14}) == "use another --out"
+    # A run against a server given by address records the dtype it asked for ("auto"): its maps' dtype is
+    # not known from it, and a resumed run against the same server is not refused for it.
+    remote = {**older, "dtype": "auto"}
+    assert changed_settings(remote, {**settings, "dtype": "auto"}) == []
+    assert _resume_hint(remote, {**settings, "dtype": "bfloat16"}) == "use another --out"
 
 
 def test_a_run_records_what_its_map_kind_costs_per_filled_row():
