@@ -208,18 +208,6 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _exact_from_dtype(sources) -> str | None:
-    """The dtype the runs of ``--exact-from`` were measured in, when those that exist agree on one."""
-    from .analysis import load_records
-
-    found = set()
-    for source in sources:
-        path = pathlib.Path(source) / "results.jsonl"
-        if path.exists():
-            found.add(next((r for r in load_records(path) if r.get("kind") == "meta"), {}).get("dtype"))
-    return found.pop() if len(found) == 1 else None
-
-
 def _cpu(args) -> dict[str, str]:
     """The CPU the servers or engines of this run use (model and PyTorch's capability); nothing for a server given
     with ``--url``, which may run elsewhere."""
@@ -346,9 +334,11 @@ def _run(args: argparse.Namespace) -> int:
         if not results.exists():
             raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")
         return _write(args, load_records(results))
+    from .shared_exact import source_dtype
+
     store = ResultStore(results)
     args.resolved_dtype = _dtype(args, None if store.meta is None else store.meta.get("dtype"),
-                                 _exact_from_dtype(args.exact_from or ()))
+                                 source_dtype(args.exact_from or ()))
     model_dir = resolve_model(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     from ..maps import load_maps

@@ -255,10 +255,10 @@ QWEN_1_5B_LAYER_SETS = ((3, 8, 13), (11, 12, 13))
 # Layers 3/8/13 did no better (93.8): the shipped layers with the lexical reserve that held SmolLM2's prose needles
 # whole (:data:`RESERVES`); it scored as the selection without it (96.9, the same three needles missed).
 QWEN_1_5B_RESERVES = ("lexical",)
-# Both of them held the needle in part where they missed it (17 and 8 of its 20 and 23 rows: the number's last
-# digits lay beyond the pool's window). The shipped selection with every sentence of up to 32 tokens taken whole
-# behind its peak, in both of its rankings (attention_topk's sentence); whole sentences cost rows, so a needle
-# the question attends to less may be left out.
+# Two of the three needles both missed were held in part (17 of 20 and 8 of 23 rows: the number's last digits
+# beyond the pool's window; the third not at all). The shipped selection with every sentence of up to 32 tokens
+# taken whole behind its peak, in both of its rankings (attention_topk's sentence); whole sentences cost rows,
+# so a needle the question attends to less may be left out.
 SENTENCE_TOKENS = 32
 
 
@@ -403,13 +403,13 @@ def recorded_dtype(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str 
     run not started the one its siblings' exact arm was measured in (``sgl-ridgefill eval`` runs in it too):
     maps fitted for it are fitted in that dtype. None: this CPU's."""
     from .analysis import load_records
-    from .cli import _exact_from_dtype
+    from .shared_exact import source_dtype
 
     for path in (runs_dir / run.name / RAW, docs / "results" / run.name / RAW):
         if path.exists():
             meta = next((r for r in load_records(path) if r.get("kind") == "meta"), {})
             return meta.get("dtype") if meta.get("dtype") in DTYPES else None
-    dtype = _exact_from_dtype(exact_sources(run, RUNS, runs_dir, docs))
+    dtype = source_dtype(exact_sources(run, RUNS, runs_dir, docs))
     return dtype if dtype in DTYPES else None
 
 

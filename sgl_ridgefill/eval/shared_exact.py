@@ -23,6 +23,17 @@ def _source_meta(records: Sequence[dict]) -> dict:
     return next((r for r in records if r.get("kind") == "meta"), {})
 
 
+def source_dtype(sources: Iterable[pathlib.Path]) -> str | None:
+    """The dtype the runs in ``sources`` were measured in, when those that exist agree on one (a run that reuses
+    their exact arm is measured in it: records of another dtype are not reused)."""
+    found = set()
+    for source in sources:
+        path = pathlib.Path(source) / "results.jsonl"
+        if path.exists():
+            found.add(_source_meta(load_records(path)).get("dtype"))
+    return found.pop() if len(found) == 1 else None
+
+
 def import_exact(store: ResultStore, sources: Iterable[pathlib.Path], meta: Mapping, samples: Sequence,
                  docs: Mapping[int, Sequence], plan: EvalPlan) -> dict[str, int]:
     """Append to ``store`` the exact-arm records of ``sources`` (run folders) that answer this run's

@@ -7,6 +7,7 @@ import pathlib
 
 from sgl_ridgefill.cpu.dtype import choose_dtype
 from sgl_ridgefill.eval import cli
+from sgl_ridgefill.eval.shared_exact import source_dtype
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -62,8 +63,8 @@ def test_a_run_paired_with_anothers_exact_arm_runs_in_its_dtype(tmp_path, capsys
     for name, dtype in (("a", "bfloat16"), ("b", "bfloat16"), ("c", "float32")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.jsonl").write_text(f'{{"kind": "meta", "dtype": "{dtype}"}}\n')
-    assert cli._exact_from_dtype([tmp_path / "a", tmp_path / "b", tmp_path / "missing"]) == "bfloat16"
-    assert cli._exact_from_dtype([tmp_path / "a", tmp_path / "c"]) is None  # they disagree: this CPU's pick
-    assert cli._exact_from_dtype([]) is None
+    assert source_dtype([tmp_path / "a", tmp_path / "b", tmp_path / "missing"]) == "bfloat16"
+    assert source_dtype([tmp_path / "a", tmp_path / "c"]) is None  # they disagree: this CPU's pick
+    assert source_dtype([]) is None
     assert cli._dtype(_args(), None, "bfloat16") == "bfloat16"
     assert "the exact arm it reuses (--exact-from) was measured in it" in capsys.readouterr().out
