@@ -289,7 +289,8 @@ class Admitter:
                 f"{self.facts.visible_keys_refusal}"
             )
         if getattr(policy, "needs_tokens", False) and not self.facts.has_tokenizer:
-            raise RequestParamError(f"policy {policy.name!r} selects by token class, but the server has no tokenizer")
+            raise RequestParamError(f"policy {policy.name!r} reads the tokenizer's tokens (token classes, sentences), "
+                                    "but the server has no tokenizer")
         if getattr(policy, "needs_token_counts", False) and not self.facts.has_token_counts:
             raise RequestParamError(
                 f"policy {policy.name!r} needs token frequencies, but the maps folder has none (recalibrate)"

@@ -233,3 +233,16 @@ def test_the_startup_cache_mode_follows_the_arm_with_kv_context_maps():
     for arm in ("ridgefill", "identity"):
         admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", arm=arm), context, policy=BARE)
         assert admitter.default_cache_mode().split()[0] == plan(admitter, None).cache_mode
+
+
+def test_a_selection_that_reads_sentences_needs_the_servers_tokenizer():
+    """attention_topk reads the tokens only with sentence=M: a server without a tokenizer serves the pooled
+    selection and refuses, naming why, the one that takes sentences whole."""
+    admitter = _admitter()
+    pooled = _policy('policy "p" { split 12 select attention_topk(pool=8) budget 10% }')
+    sentences = _policy('policy "s" { split 12 select attention_topk(pool=8, sentence=32) budget 10% }')
+    admitter.check_policy(pooled, 12)
+    with pytest.raises(RequestParamError, match="policy 's' reads the tokenizer's tokens"):
+        admitter.check_policy(sentences, 12)
+    _admitter(ServerFacts(num_layers=24, maps_splits=(12, 16), maps_id="m", default_split=12,
+                          has_tokenizer=True)).check_policy(sentences, 12)
