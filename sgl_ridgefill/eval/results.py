@@ -385,9 +385,12 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     """``6 of 336 requests (330 left, about 3.3 h at 36 s each; rerun to resume)``, or the records counted."""
     from .analysis import load_records, progress
 
+    from ..cpu import dtype as cpu_dtype
+
     where, then = (" kept in the repository", "rerun to resume or finish") if kept else ("", "rerun to resume")
     try:
-        done = progress(load_records(path))
+        records = load_records(path)
+        done = progress(records)
     except ValueError as exc:  # --list goes on to the other runs; the eval itself refuses the file
         done, then = None, f"{then}; unreadable: {exc}"
     if done is None:
@@ -395,6 +398,12 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     left = max(done["requests"] - done["done"], 0)
     pace = done["pace"]
     about = "" if pace is None or not left else f", about {_duration(left * pace)} at {pace:.0f} s each"
+    meta = next((r for r in records if r.get("kind") == "meta"), {})
+    if about and meta.get("dtype") == "bfloat16" and not cpu_dtype.native_bf16():
+        # A resumed run keeps its dtype (``sgl-ridgefill eval``): here its matmuls run in software.
+        where_paced = f"{meta['cpu']} ({meta.get('cpu_capability')})" if meta.get("cpu") else "the recording CPU"
+        about += (f", {where_paced}'s pace: this CPU has no native bfloat16 and runs the run's bfloat16 matmuls in "
+                  f"software, ~{cpu_dtype.SLOWDOWN_WITHOUT_NATIVE}x slower than its own float32")
     return f"{done['done']} of {done['requests']} requests{where} ({left} left{about}; {then})"
 
 

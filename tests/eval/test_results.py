@@ -167,6 +167,31 @@ def test_the_list_says_how_many_requests_are_left_and_about_how_long_they_take(t
                                            "to resume)")
 
 
+def test_the_list_says_when_this_cpu_would_take_longer_for_a_bfloat16_run(tmp_path, monkeypatch):
+    """The pace is the recording machine's; a bfloat16 run resumed on a CPU without native bfloat16 keeps its
+    dtype and runs its matmuls in software, which the list says beside it."""
+    import json
+
+    from sgl_ridgefill.cpu import dtype as cpu_dtype
+    from sgl_ridgefill.eval.runner import plan_record
+
+    run, docs = results.RUNS[0], tmp_path / "docs"
+    needle = {"kind": "needle", "length": 4096, "task": "t", "arm": "exact", "session": "s"}
+    records = [{"kind": "meta", "dtype": "bfloat16", "cpu": "Xeon", "cpu_capability": "AVX512"},
+               plan_record(requests=10, pending=10),
+               *({**needle, "sample": f"x{i}", "at": 100.0 + 36 * i} for i in range(6))]
+    kept = docs / "results" / run.name / results.RAW
+    kept.parent.mkdir(parents=True)
+    kept.write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(cpu_dtype, "native_bf16", lambda features=None: False)
+    assert results.run_status(run, tmp_path / "runs", docs) == (
+        "6 of 10 requests kept in the repository (4 left, about 2 min at 36 s each, Xeon (AVX512)'s pace: this CPU has "
+        "no native bfloat16 and runs the run's bfloat16 matmuls in software, ~6x slower than its own float32; rerun "
+        "to resume or finish)")
+    monkeypatch.setattr(cpu_dtype, "native_bf16", lambda features=None: True)
+    assert "this CPU" not in results.run_status(run, tmp_path / "runs", docs)
+
+
 def test_a_run_resumes_from_the_records_the_repository_keeps(tmp_path, monkeypatch):
     """A run stopped on one machine: its records are kept beside its report, seed the next machine's results
     folder, serve as a sibling's exact arm, and go back to the repository with the report."""
