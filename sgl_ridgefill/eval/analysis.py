@@ -130,6 +130,7 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     from .runner import REQUEST_KINDS
 
     recorded: dict[str, Mapping[str, Any]] = {}  # named sessions that wrote their record
+    machine: dict[str, str] = {}  # named sessions whose plan names the CPU they ran on
     last_at: dict[str, float] = {}  # named sessions: the time of their last request
     count: Counter[str] = Counter()
     unnamed = []  # session records without a name (older runs)
@@ -144,6 +145,8 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
             pending = []
         elif kind == "session":
             recorded[r["session"]] = r
+        elif kind == "plan" and r.get("session") is not None and r.get("cpu") is not None:
+            machine[r["session"]] = f"{r['cpu']} ({r.get('cpu_capability')})"
         elif kind in REQUEST_KINDS and "copied_from" not in r:
             if r.get("session") is None:
                 pending.append(r)
@@ -165,24 +168,18 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     if untimed:
         out["untimed_requests"] = len(untimed)
         out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
-    cpus = _requests_by_cpu(records)
+    cpus: Counter[str] = Counter()  # "<cpu> (<capability>)": requests, over the sessions whose plan names it
+    for name, n in count.items():
+        if name in machine:
+            cpus[machine[name]] += n
     if len(cpus) > 1:
-        out["cpus"] = cpus
+        out["cpus"] = dict(cpus)
     return out
 
 
-def _requests_by_cpu(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """``{"<cpu> (<capability>)": requests}`` over the sessions whose plan names the CPU they ran on."""
-    from .runner import REQUEST_KINDS
-
-    records = list(records)
-    machine = {r["session"]: f"{r['cpu']} ({r.get('cpu_capability')})" for r in records
-               if r.get("kind") == "plan" and r.get("session") is not None and r.get("cpu") is not None}
-    counted: Counter[str] = Counter()
-    for r in records:
-        if r.get("kind") in REQUEST_KINDS and r.get("session") in machine:
-            counted[machine[r["session"]]] += 1
-    return dict(counted)
+def meta_record(records: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """A run's meta record (its settings, dtype and machine), or ``{}`` for records without one."""
+    return next((r for r in records if r.get("kind") == "meta"), {})
 
 
 def progress(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:

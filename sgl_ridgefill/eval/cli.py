@@ -30,7 +30,7 @@ from ..settings import cli_flags, engine_keywords
 from ..tools import args as argtypes
 from . import arms as A
 from . import sizing
-from ..cpu.dtype import CHOICES as DTYPE_CHOICES
+from ..cpu.dtype import CHOICES as DTYPE_CHOICES, DTYPES
 
 
 def add_subparser(subparsers) -> None:
@@ -184,7 +184,7 @@ def _dtype(args, recorded: str | None = None, paired: str | None = None) -> str:
     whichever machine resumes it), or for a new run ``paired``, that of the exact arm it reuses
     (``--exact-from``); else bfloat16 for offline engines on a GPU and this CPU's pick for the rest. A
     server given with ``--url`` runs whatever it was started with."""
-    from ..cpu.dtype import DTYPES, choose_dtype
+    from ..cpu.dtype import choose_dtype
 
     if args.url:
         return args.dtype
@@ -274,8 +274,6 @@ def _fill_flops(kind: str, config: dict) -> int:
 def changed_settings(meta: dict, settings: dict) -> list[str]:
     """``name: old -> new`` for each resume-relevant setting of ``settings`` that a run's meta record holds
     otherwise (a setting the record lacks counts as its value before it was recorded, if any)."""
-    from ..cpu.dtype import DTYPES
-
     before = {**_SETTINGS_BEFORE, **{k: meta[v] for k, v in _SETTINGS_BEFORE_AS.items() if meta.get(v) in DTYPES}}
     changed = []
     for k in _SETTINGS:
@@ -292,8 +290,6 @@ def changed_settings(meta: dict, settings: dict) -> list[str]:
 def _resume_hint(meta: dict, settings: dict) -> str:
     """What to do about a run recorded with other settings: another ``--out``, or, where only the dtypes
     differ (a run resumed on another machine), the dtype that continues it."""
-    from ..cpu.dtype import DTYPES
-
     dtype = meta.get("dtype")
     if dtype not in DTYPES:
         return "use another --out"

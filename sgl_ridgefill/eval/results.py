@@ -383,9 +383,8 @@ def run_status(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str:
 
 def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     """``6 of 336 requests (330 left, about 3.3 h at 36 s each; rerun to resume)``, or the records counted."""
-    from .analysis import load_records, progress
-
     from ..cpu import dtype as cpu_dtype
+    from .analysis import load_records, meta_record, progress
 
     where, then = (" kept in the repository", "rerun to resume or finish") if kept else ("", "rerun to resume")
     try:
@@ -398,7 +397,7 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     left = max(done["requests"] - done["done"], 0)
     pace = done["pace"]
     about = "" if pace is None or not left else f", about {_duration(left * pace)} at {pace:.0f} s each"
-    meta = next((r for r in records if r.get("kind") == "meta"), {})
+    meta = meta_record(records)
     if about and meta.get("dtype") == "bfloat16" and not cpu_dtype.native_bf16():
         # A resumed run keeps its dtype (``sgl-ridgefill eval``): here its matmuls run in software.
         where_paced = f"{meta['cpu']} ({meta.get('cpu_capability')})" if meta.get("cpu") else "the recording CPU"
@@ -411,14 +410,10 @@ def recorded_dtype(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str 
     """The dtype ``run``'s records were measured in (its results here, else those the repository keeps), or for a
     run not started the one its siblings' exact arm was measured in (``sgl-ridgefill eval`` runs in it too):
     maps fitted for it are fitted in that dtype. None: this CPU's."""
-    from .analysis import load_records
     from .shared_exact import source_dtype
 
-    for path in (runs_dir / run.name / RAW, docs / "results" / run.name / RAW):
-        if path.exists():
-            meta = next((r for r in load_records(path) if r.get("kind") == "meta"), {})
-            return meta.get("dtype") if meta.get("dtype") in DTYPES else None
-    dtype = source_dtype(exact_sources(run, RUNS, runs_dir, docs))
+    own = [d for d in (runs_dir / run.name, docs / "results" / run.name) if (d / RAW).exists()][:1]
+    dtype = source_dtype(own or exact_sources(run, RUNS, runs_dir, docs))
     return dtype if dtype in DTYPES else None
 
 

@@ -13,14 +13,10 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 
 from . import arms as A
-from .analysis import load_records
+from .analysis import load_records, meta_record
 from .runner import EvalPlan, ResultStore, exact_scores, prompt_sha, record_doc
 
 _SAME_SERVER = ("model_path", "dtype")  # meta settings the exact arm's answers depend on
-
-
-def _source_meta(records: Sequence[dict]) -> dict:
-    return next((r for r in records if r.get("kind") == "meta"), {})
 
 
 def source_dtype(sources: Iterable[pathlib.Path]) -> str | None:
@@ -30,7 +26,7 @@ def source_dtype(sources: Iterable[pathlib.Path]) -> str | None:
     for source in sources:
         path = pathlib.Path(source) / "results.jsonl"
         if path.exists():
-            found.add(_source_meta(load_records(path)).get("dtype"))
+            found.add(meta_record(load_records(path)).get("dtype"))
     return found.pop() if len(found) == 1 else None
 
 
@@ -50,7 +46,7 @@ def import_exact(store: ResultStore, sources: Iterable[pathlib.Path], meta: Mapp
         if not path.exists():
             raise FileNotFoundError(f"--exact-from {source}: no results.jsonl there")
         records = load_records(path)
-        theirs = _source_meta(records)
+        theirs = meta_record(records)
         differ = [k for k in _SAME_SERVER if theirs.get(k) != meta.get(k)]
         if differ:
             print(f"--exact-from {source}: not reused, its {', '.join(differ)} differ from this run's", flush=True)
