@@ -2,7 +2,9 @@
 
 Built once per model (``TokenTable.from_tokenizer``) and shared by every request, so per-request work is
 one gather per fact. Word starts are partly contextual: a byte-level BPE token after a newline carries
-no leading space, so ``word_starts`` also treats a token after a non-alphanumeric one as a word start.
+no leading space, so ``word_starts`` also treats a token after a non-alphanumeric one as a word start, and
+one that opens with punctuation (``-k`` in ``for|asm|uch|-k|ernel``) as one: a word is then the same run of
+letters and digits whichever side of the punctuation the tokenizer put it.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ class TokenTable:
     pieces: the text of each token, with a word-start marker (``▁``, ``Ġ``) turned into a leading space.
     starts_word: [V] bool, the token carries a word-start marker.
     special_ids: ids of special tokens (BOS, chat-template markers, ...).
-    Derived on construction: ``case`` [V] int8 (``CASE_*``), ``is_digit``, ``has_alnum``, ``ends_alnum``,
-    ``ends_sentence``, ``is_special`` (all [V] bool) and ``words`` (per id, lowercase alphanumeric text).
+    Derived on construction: ``case`` [V] int8 (``CASE_*``), ``is_digit``, ``has_alnum``, ``begins_alnum``,
+    ``ends_alnum``, ``ends_sentence``, ``is_special`` (all [V] bool) and ``words`` (per id, lowercase alphanumeric text).
     """
 
     pieces: tuple[str, ...]
@@ -80,6 +82,7 @@ class TokenTable:
     case: torch.Tensor = dataclasses.field(init=False, repr=False)
     is_digit: torch.Tensor = dataclasses.field(init=False, repr=False)
     has_alnum: torch.Tensor = dataclasses.field(init=False, repr=False)
+    begins_alnum: torch.Tensor = dataclasses.field(init=False, repr=False)
     ends_alnum: torch.Tensor = dataclasses.field(init=False, repr=False)
     ends_sentence: torch.Tensor = dataclasses.field(init=False, repr=False)
     is_special: torch.Tensor = dataclasses.field(init=False, repr=False)
@@ -104,6 +107,7 @@ class TokenTable:
         set_("case", torch.tensor([_case_class(c) for c in cores], dtype=torch.int8))
         set_("is_digit", torch.tensor([bool(c) and c.isdigit() for c in cores], dtype=torch.bool))
         set_("has_alnum", torch.tensor([any(ch.isalnum() for ch in c) for c in cores], dtype=torch.bool))
+        set_("begins_alnum", torch.tensor([bool(c) and c[0].isalnum() for c in cores], dtype=torch.bool))
         set_("ends_alnum", torch.tensor([bool(p) and p[-1].isalnum() for p in pieces], dtype=torch.bool))
         set_("ends_sentence", torch.tensor([_ends_sentence(p) for p in pieces], dtype=torch.bool))
         is_special = torch.zeros(len(pieces), dtype=torch.bool)
@@ -188,8 +192,9 @@ class TokenTable:
         return self._gather(self.ends_sentence, ids, False)
 
     def word_starts(self, ids: torch.Tensor) -> torch.Tensor:
-        """[n] bool: position starts a word (marker, first position, or after a non-alphanumeric token)."""
-        starts = self._gather(self.starts_word, ids, True)
+        """[n] bool: position starts a word (marker, first position, a token opening with a character that is
+        not a letter or digit, or after a token ending with one)."""
+        starts = self._gather(self.starts_word, ids, True) | ~self._gather(self.begins_alnum, ids, False)
         after_break = torch.ones_like(starts)
         if ids.numel() > 1:
             after_break[1:] = ~self._gather(self.ends_alnum, ids[:-1], False)

@@ -51,6 +51,19 @@ def test_sentences_reaching_into_the_question_window_are_skipped():
     assert _run(S1[:-1] + QUESTION, 8) == []
 
 
+def test_a_hyphenated_word_counts_as_its_parts_however_the_tokenizer_splits_it():
+    # "special magic forasmuch-kernel" shares four words with the question only if the hyphen separates
+    # "forasmuch" from "kernel"; Qwen's tokenizer glues the hyphen to the next piece ("-k", "ernel"), SmolLM2's
+    # keeps it alone: the same sentence is found with either.
+    for key in ([" for", "asm", "uch", "-k", "ernel"], [" for", "asm", "uch", "-", "kernel"]):
+        needle = [" One", " special", " magic", *key, " is", " 385", "."]  # rows 0-10 (11 rows)
+        other = [" special", " magic", " alpha", "."]  # rows 11-14: two shared words only
+        question = [" special", " magic", *key, "?"]
+        content = sum(any(c.isalnum() for c in piece) for piece in question)
+        n = len(needle) + len(other)
+        assert _run(needle + other + question, n, query_tokens=content) == list(range(len(needle)))
+
+
 def test_word_segmentation():
     texts = ["ab", "cd", "ef", ".", "gh", "ij", "kl"]
     alnum = [True, True, True, False, True, True, True]

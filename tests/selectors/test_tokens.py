@@ -28,6 +28,15 @@ def test_word_starts_follow_context():
     assert table.word_starts(ids).tolist() == [True, True, True, False, True, True, False]
 
 
+def test_a_token_opening_with_punctuation_starts_a_word():
+    # "forasmuch-kernel" as Qwen's tokenizer splits it (the hyphen opens the next piece) and as SmolLM2's does
+    # (the hyphen alone): two words either way, "kernel" starting at the piece after the hyphen.
+    table = TokenTable.from_pieces([" for", "asm", "uch", "-k", "ernel", "-", "kernel", ".py"])
+    assert table.word_starts(torch.tensor([0, 1, 2, 3, 4])).tolist() == [True, False, False, True, False]
+    assert table.word_starts(torch.tensor([0, 1, 2, 5, 6])).tolist() == [True, False, False, True, True]
+    assert table.word_starts(torch.tensor([6, 7])).tolist() == [True, True]
+
+
 def test_ids_outside_the_table_are_neutral():
     table = TokenTable.from_pieces([" a", "7"], special_ids=[0])
     ids = torch.tensor([1, 5, -1])
