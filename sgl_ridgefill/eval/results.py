@@ -253,7 +253,10 @@ def _selection_flags(rows_select: str, *, exact: bool) -> tuple[str, ...]:
 # prompts, same group).
 QWEN_1_5B_LAYER_SETS = ((3, 8, 13), (11, 12, 13))
 # Layers 3/8/13 did no better (93.8): the shipped layers with the lexical reserve that held SmolLM2's prose needles
-# whole (:data:`RESERVES`); it scored as the selection without it (96.9, the same three needles missed).
+# whole (:data:`RESERVES`). Its first measurement (96.9, the same three needles missed as without it) read Qwen's
+# "forasmuch|-kernel" as one word, so the needle shared three words with the question, not four; its rows arm is
+# measured again with a token opening with punctuation starting a word (the whole needle in each of the 48 prose
+# prompts, by the offline count on their tokens and float32 attention).
 QWEN_1_5B_RESERVES = ("lexical",)
 # Two of the three needles both missed were held in part (17 of 20 and 8 of 23 rows: the number's last digits
 # beyond the pool's window; the third not at all). The shipped selection with every sentence of up to 32 tokens
