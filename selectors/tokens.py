@@ -73,7 +73,8 @@ class TokenTable:
     starts_word: [V] bool, the token carries a word-start marker.
     special_ids: ids of special tokens (BOS, chat-template markers, ...).
     Derived on construction: ``case`` [V] int8 (``CASE_*``), ``is_digit``, ``has_alnum``, ``begins_alnum``,
-    ``ends_alnum``, ``ends_sentence``, ``is_special`` (all [V] bool) and ``words`` (per id, lowercase alphanumeric text).
+    ``ends_alnum``, ``ends_sentence``, ``is_special`` (all [V] bool) and ``words`` (per id, lowercase
+    alphanumeric text).
     """
 
     pieces: tuple[str, ...]
