@@ -344,6 +344,13 @@ RUNS = (
     # answered with another key's number; the sentence selection's rows arm on the same prompts.
     Run("qwen2.5-0.5b-s12-16k-sentence-q", "qwen2.5-coder-0.5b", (6, 12), 12, (16384,),
         _selection_flags(sentence_rows(), exact=False), group=LENGTH),
+    # The other two held every needle whole. One of them (text/4/1), run again in float32 on an AVX2 CPU with the
+    # shipped split-12 maps, answers right with its own needle exact and with a later key's number once the other
+    # keys' needles are exact too (256 rows either side of each needle exact as well); at split 14 or 16 (maps from
+    # 50K tokens) the shipped rows, the bare fill and every needle exact each answer it right. The shipped
+    # selection's rows arm at split 14 on the same prompts.
+    Run("qwen2.5-0.5b-s14-16k-q", "qwen2.5-coder-0.5b", (14,), 14, (16384,),
+        _selection_flags(POOLED_TAIL_ROWS, exact=False), group=LENGTH),
 )
 
 

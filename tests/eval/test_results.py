@@ -316,7 +316,14 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
 
     group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
     assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q",
-                          "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q"}
+                          "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q", "qwen2.5-0.5b-s14-16k-q"}
+    # The shipped selection at split 14: its rows arm on the 16K prompts, maps of its own split, the 16K exact arm.
+    deeper = group["qwen2.5-0.5b-s14-16k-q"]
+    assert deeper.split == 14 and deeper.lengths == (16384,) and deeper.rows_select == results.POOLED_TAIL_ROWS
+    assert deeper.extra[deeper.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+    assert deeper.maps_name() != group["qwen2.5-0.5b-s12-16k-q"].maps_name()
+    assert results.REPO_DOCS / "results" / "qwen2.5-0.5b-s12-16k-q" in results.exact_sources(
+        deeper, results.RUNS, tmp_path / "elsewhere", results.REPO_DOCS)
     # The sentence selection at 16K: its rows arm on the 16K run's prompts and maps, paired with that run's exact arm.
     sentence = group["qwen2.5-0.5b-s12-16k-sentence-q"]
     assert sentence.rows_select == results.sentence_rows() and sentence.maps_name() == group[
