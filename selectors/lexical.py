@@ -75,11 +75,13 @@ def lexical_net(
     prompt and holding a word that appears at most `max_count` times in the prefix (first
     `rows_per_sentence` rows of each).
 
-    Words are maximal runs of alphanumeric tokens joined at word starts, compared lowercase; words
-    shorter than three characters, and function words when `stopwords` is true, are ignored. A
-    sentence ends after a token ending in ".", "!" or "?" (closing quotes allowed), a token holding a
-    newline, or a special token. Content tokens are non-special tokens with a letter or digit;
-    sentences that reach into those last content tokens are skipped (they would match themselves).
+    Words are maximal runs of alphanumeric tokens split at word starts (a word-start marker, or punctuation
+    before or opening the token: ``TokenTable.word_starts``, so ``forasmuch-kernel`` is two words whichever side
+    of the hyphen the tokenizer put it), compared lowercase; words shorter than three characters, and function
+    words when `stopwords` is true, are ignored. A sentence ends after a token ending in ".", "!" or "?"
+    (closing quotes allowed), a token holding a newline, or a special token. Content tokens are non-special
+    tokens with a letter or digit; sentences that reach into those last content tokens are skipped (they would
+    match themselves).
     Returns ranked rows: sentences sharing more words first, then prompt order.
     """
     table = inputs.require_tokens("lexical_net")
