@@ -319,13 +319,14 @@ def _run(args: argparse.Namespace) -> int:
     from .analysis import load_records
     from .documents import calibration_ids, long_documents
     from .needles import TASKS, make_samples
-    from .runner import EvalPlan, ResultStore, needle_jobs, loss_jobs, plan_record, run_loss, run_needle, stock_check
+    from .runner import (RECORDS, EvalPlan, ResultStore, needle_jobs, loss_jobs, plan_record, run_loss, run_needle,
+                         stock_check)
 
     if args.engine and (args.url or args.stock_url):
         raise SystemExit("sgl-ridgefill eval: --engine runs its own engines; leave out --url and --stock-url")
     preset = sizing.apply_preset(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / "results.jsonl"
+    results = args.out / RECORDS
     if args.report_only:
         if not results.exists():
             raise SystemExit(f"sgl-ridgefill eval: {results} does not exist; run without --report-only first")

@@ -31,11 +31,12 @@ from ..maps import kinds
 from ..models.fetch import default_cache_dir
 from ..tools import args as argtypes
 from .domain import DOMAIN_R2
+from .runner import RECORDS
 from .tradeoff import PlannedRun
 
 REPO_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 COMMAND = "python -m sgl_ridgefill.eval.results"
-RAW = "results.jsonl"  # a run's records; kept in the repository too, so a run resumes and reports anywhere
+RAW = RECORDS  # a run's records; kept in the repository too, so a run resumes and reports anywhere
 CALIBRATION_TOKENS = 200_000
 RESIDUAL = kinds.DEFAULT_KIND  # the map kind of every maps folder written before kinds (manifest without map_kind)
 MAP_KINDS = tuple(kinds.MAP_KINDS)
@@ -378,7 +379,7 @@ def planned(runs: tuple[Run, ...], docs: pathlib.Path, group: str = CHOOSE_SPLIT
 def run_status(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path) -> str:
     """What is left of ``run``: not started, started (its requests done of those planned and about how long the
     rest take at its pace so far; its records, for a run from before plans were recorded), or reported."""
-    results = runs_dir / run.name / "results.jsonl"
+    results = runs_dir / run.name / RAW
     if not results.exists():
         kept = docs / "results" / run.name / RAW
         if kept.exists():
@@ -453,7 +454,7 @@ def run_one(run: Run, runs_dir: pathlib.Path, docs: pathlib.Path, *, report_only
     if kept.exists() and not (out / RAW).exists():  # a run started on another machine resumes from its records
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy2(kept, out / RAW)
-    if report_only and not (out / "results.jsonl").exists():
+    if report_only and not (out / RAW).exists():
         print(f"{run.name}: no results under {out} yet; skipped", flush=True)
         return None
     if not report_only and not (maps / "manifest.json").exists():

@@ -22,6 +22,7 @@ import numpy as np
 from . import arms as A
 from .arms import RIDGEFILL
 
+RECORDS = "results.jsonl"  # a run's records, in its --out folder (and kept beside its report)
 CHECK_NEW_TOKENS = 8
 TOP_LOGPROBS = 20  # for decoding agreement (KL over the exact arm's top 20, metrics.kl_topk)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from . import arms as A
 from .analysis import load_records, meta_record
-from .runner import EvalPlan, ResultStore, exact_scores, prompt_sha, record_doc
+from .runner import RECORDS, EvalPlan, ResultStore, exact_scores, prompt_sha, record_doc
 
 _SAME_SERVER = ("model_path", "dtype")  # meta settings the exact arm's answers depend on
 
@@ -24,7 +24,7 @@ def source_dtype(sources: Iterable[pathlib.Path]) -> str | None:
     their exact arm is measured in it: records of another dtype are not reused)."""
     found = set()
     for source in sources:
-        path = pathlib.Path(source) / "results.jsonl"
+        path = pathlib.Path(source) / RECORDS
         if path.exists():
             found.add(meta_record(load_records(path)).get("dtype"))
     return found.pop() if len(found) == 1 else None
@@ -40,7 +40,7 @@ def import_exact(store: ResultStore, sources: Iterable[pathlib.Path], meta: Mapp
     wanted_docs = {(len(d.prompt_ids), d.id): d for ds in docs.values() for d in ds}
     copied = {"needle": 0, "loss": 0}
     for source in sources:
-        path = pathlib.Path(source) / "results.jsonl"
+        path = pathlib.Path(source) / RECORDS
         if path.resolve() == store.path.resolve():
             continue
         if not path.exists():
