@@ -5,7 +5,8 @@ the per-request parameter check and the shape of ``meta_info["ridgefill"]`` in t
 (the server's own process loads plugins before it parses ``--prefill-backend``, so what runs there
 decides per request, not at registration), a PD decode worker's check of the KV it receives, and the
 Mooncake sender's CPU path; under the CPU recipe, PyTorch paths for the SGLang code of Gated DeltaNet
-hybrids that would reach Triton or CUDA on CPU tensors. Only when ``--prefill-backend ridgefill``
+hybrids that would reach Triton or CUDA on CPU tensors, and bfloat16 projections and LM head computed through
+float32 on a CPU without bfloat16 instructions. Only when ``--prefill-backend ridgefill``
 is on: RidgeFill's versions of the Triton, FlashInfer and fa3 attention backends; the runtime, built after
 the model loads and checked against the attention backends once they exist; request admission, batch
 publication and cache release (the request's state lives on SGLang's ``Req``); the model forwards; the
@@ -65,6 +66,9 @@ GATED_NORM = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
 FUSED_GATED_NORM = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"  # Qwen3-Next
 NEXT_GDN_INIT = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
 SHARED_EXPERT_GATE = "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add"  # Qwen2/3 MoE blocks
+# Only under the CPU recipe: bfloat16 projections and LM head through float32 where the CPU has no bfloat16.
+LINEAR = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
+LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
 NAMESPACE_MARK = "|rf:"
 
 
@@ -192,6 +196,36 @@ def around_shared_expert_gate(original, hidden: Any, gate_weight: Any, shared: A
     gate = ((hidden.float() * gate_weight.float()).sum(-1, keepdim=True)).sigmoid()
     out.copy_((out.float() + gate * shared.float()).to(out.dtype))
     return None
+
+
+def around_linear_apply(original, method: Any, layer: Any, x: Any, bias: Any = None) -> Any:
+    """AROUND ``UnquantizedLinearMethod.apply`` (every dense projection): on a CPU without AMX SGLang calls
+    ``F.linear`` in the model's dtype, and PyTorch runs a bfloat16 GEMM in software there, several times
+    slower than float32's; the CPU recipe computes it in float32 and rounds to bfloat16 (the same sums:
+    ``cpu/matmul.py``). Any other call (float32, a decode step's few rows, a CPU with bfloat16
+    instructions) goes to SGLang's path."""
+    from .cpu.matmul import linear, upcasts
+
+    weight = getattr(layer, "weight", None)
+    if weight is None or not upcasts(x, weight):
+        return original(method, layer, x, bias)
+    return linear(x, weight, bias)
+
+
+def around_compute_lm_head(original, processor: Any, hidden: Any, lm_head: Any, embedding_bias: Any = None, **kwargs: Any) -> Any:
+    """AROUND ``LogitsProcessor._compute_lm_head``: the plain LM head (no LoRA, no quantization, no float32
+    head) is ``hidden @ weight.T`` in the weight's dtype; on the CPU recipe a bfloat16 one over many rows
+    (the logprobs of a prompt) runs through float32 as :func:`around_linear_apply`."""
+    from .cpu.matmul import linear, upcasts
+
+    weight = getattr(lm_head, "weight", None)
+    plain = (
+        embedding_bias is None and not hasattr(lm_head, "set_lora") and not getattr(processor, "use_fp32_lm_head", False)
+        and type(getattr(lm_head, "quant_method", None)).__name__ in ("NoneType", "UnquantizedEmbeddingMethod")
+    )
+    if not plain or weight is None or not upcasts(hidden, weight):
+        return original(processor, hidden, lm_head, embedding_bias, **kwargs)
+    return linear(hidden, weight)
 
 
 # ----------------------------------------------------------------------------- RidgeFill on
@@ -522,6 +556,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook((FUSED_GATED_NORM,), around_fused_gated_norm_forward, CPU),
     Hook((NEXT_GDN_INIT,), around_next_gdn_init, CPU),
     Hook((SHARED_EXPERT_GATE,), around_shared_expert_gate, CPU),
+    Hook((LINEAR,), around_linear_apply, CPU),
+    Hook((LM_HEAD,), around_compute_lm_head, CPU),
     Hook((LOAD_MODEL,), after_load_model, ENABLED),
     Hook((INIT_ATTENTION,), after_init_attention_backends, ENABLED),
     Hook((CREATE_REQ,), around_create_generation_req, ENABLED),

@@ -42,7 +42,8 @@ def read_config(model_dir: pathlib.Path) -> dict[str, Any]:
 
 def load_model(model_dir: pathlib.Path, dtype: str = "bfloat16", device_map: Any = None) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
     """``(model, tokenizer, config dict)`` from a local HF folder, in eval mode, never touching the hub;
-    ``device_map``: where its weights go (``device.Placement.device_map``; default the CPU)."""
+    ``device_map``: where its weights go (``device.Placement.device_map``; default the CPU). On a CPU
+    without bfloat16 instructions a bfloat16 model's projections run through float32 (``cpu/matmul.py``)."""
     config = read_config(model_dir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,6 +54,10 @@ def load_model(model_dir: pathlib.Path, dtype: str = "bfloat16", device_map: Any
         **({} if device_map in (None, "cpu") else {"device_map": device_map}),
     )
     model.eval()
+    if device_map in (None, "cpu"):
+        from ..cpu.matmul import upcast_linears
+
+        upcast_linears(model)  # bfloat16 on a CPU without bfloat16 instructions: projections through float32
     return model, tokenizer, config
 
 

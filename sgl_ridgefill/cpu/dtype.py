@@ -87,10 +87,13 @@ class DtypeChoice:
     dtype: str
     reason: str
     chosen_by_user: bool = False
+    matmuls_through_float32: bool = False  # bfloat16 on a CPU without it (``cpu/matmul.py``)
 
     def line(self) -> str:
-        """``dtype: float32 (this CPU (AVX2) has no native bfloat16 matmul; bfloat16 would run ~6x slower)``."""
-        return f"dtype: {self.dtype} ({self.reason})"
+        """``dtype: float32 (this CPU (AVX2) has no native bfloat16 matmul; ...)``, and for bfloat16 on such a
+        CPU where its matmuls run."""
+        through = "; its matmuls run through float32" if self.matmuls_through_float32 else ""
+        return f"dtype: {self.dtype} ({self.reason}{through})"
 
 
 def native_bf16(features: CpuFeatures | None = None) -> bool:
@@ -112,9 +115,9 @@ def choose_dtype(
         raise ValueError(f"dtype must be one of {', '.join(CHOICES)}, got {requested!r}")
     if recorded is not None and recorded not in DTYPES:
         raise ValueError(f"recorded dtype must be one of {', '.join(DTYPES)}, got {recorded!r}")
-    if requested in DTYPES:
-        return DtypeChoice(requested, "chosen with --dtype", chosen_by_user=True)
     features = features or CpuFeatures.detect()
+    if requested in DTYPES:
+        return _where_matmuls_run(DtypeChoice(requested, "chosen with --dtype", chosen_by_user=True), features)
     why_not = features.why_not_native()
     if why_not is None:
         pick = DtypeChoice("bfloat16", f"this CPU ({features.capability}) has native bfloat16 matmuls ({features.hardware_bf16})")
@@ -123,7 +126,16 @@ def choose_dtype(
     if recorded is None:
         return pick
     why = recorded_by if pick.dtype == recorded else f"{recorded_by}; this CPU would pick {pick.dtype}: {pick.reason}"
-    return DtypeChoice(recorded, why)
+    return _where_matmuls_run(DtypeChoice(recorded, why), features)
+
+
+def _where_matmuls_run(choice: DtypeChoice, features: CpuFeatures) -> DtypeChoice:
+    """``choice``, marked when it is bfloat16 on a CPU whose bfloat16 matmuls run through float32."""
+    if choice.dtype != "bfloat16":
+        return choice
+    from .matmul import through_float32
+
+    return dataclasses.replace(choice, matmuls_through_float32=through_float32(features))
 
 
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:

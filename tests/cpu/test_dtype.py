@@ -40,7 +40,9 @@ def test_isa_caps_count_as_the_capped_cpu():
 
 
 def test_the_users_choice_wins():
-    assert choose_dtype("bfloat16", EPYC_AVX2).line() == "dtype: bfloat16 (chosen with --dtype)"
+    assert choose_dtype("bfloat16", AMX).line() == "dtype: bfloat16 (chosen with --dtype)"
+    assert choose_dtype("bfloat16", EPYC_AVX2).line() == (
+        "dtype: bfloat16 (chosen with --dtype; its matmuls run through float32)")
     assert choose_dtype("float32", AMX).dtype == "float32"
     with pytest.raises(ValueError, match="dtype must be one of auto, bfloat16, float32, got 'fp16'"):
         choose_dtype("fp16", AMX)
@@ -52,7 +54,7 @@ def test_a_measurement_resumed_on_another_cpu_keeps_the_dtype_it_was_recorded_in
     resumed = choose_dtype("auto", EPYC_AVX2, recorded="bfloat16")
     assert resumed.line() == (
         "dtype: bfloat16 (the records being resumed were measured in it; this CPU would pick float32: this CPU "
-        "(AVX2) has no native bfloat16 matmul; bfloat16 would run ~6x slower)"
+        "(AVX2) has no native bfloat16 matmul; bfloat16 would run ~6x slower; its matmuls run through float32)"
     )
     assert choose_dtype("auto", AMX, recorded="bfloat16").line() == (
         "dtype: bfloat16 (the records being resumed were measured in it)")
