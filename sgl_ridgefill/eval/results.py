@@ -410,10 +410,10 @@ def _records_left(path: pathlib.Path, *, kept: bool) -> str:
     about = "" if pace is None or not left else f", about {_duration(left * pace)} at {pace:.0f} s each"
     meta = meta_record(records)
     if about and meta.get("dtype") == "bfloat16" and not cpu_dtype.native_bf16():
-        # A resumed run keeps its dtype (``sgl-ridgefill eval``): here its matmuls run in software.
+        # A resumed run keeps its dtype (``sgl-ridgefill eval``): here its matmuls run through float32.
         where_paced = f"{meta['cpu']} ({meta.get('cpu_capability')})" if meta.get("cpu") else "the recording CPU"
-        about += (f", {where_paced}'s pace: this CPU has no native bfloat16 and runs the run's bfloat16 matmuls in "
-                  f"software, ~{cpu_dtype.SLOWDOWN_WITHOUT_NATIVE}x slower than its own float32")
+        about += (f", {where_paced}'s pace: this CPU has no native bfloat16 and runs the run's bfloat16 matmuls "
+                  f"through float32, ~{cpu_dtype.SLOWDOWN_WITHOUT_NATIVE}x its own float32's time")
     return f"{done['done']} of {done['requests']} requests{where} ({left} left{about}; {then})"
 
 

@@ -186,7 +186,7 @@ def test_the_list_says_when_this_cpu_would_take_longer_for_a_bfloat16_run(tmp_pa
     monkeypatch.setattr(cpu_dtype, "native_bf16", lambda features=None: False)
     assert results.run_status(run, tmp_path / "runs", docs) == (
         "6 of 10 requests kept in the repository (4 left, about 2 min at 36 s each, Xeon (AVX512)'s pace: this CPU has "
-        "no native bfloat16 and runs the run's bfloat16 matmuls in software, ~6x slower than its own float32; rerun "
+        "no native bfloat16 and runs the run's bfloat16 matmuls through float32, ~1.2x its own float32's time; rerun "
         "to resume or finish)")
     monkeypatch.setattr(cpu_dtype, "native_bf16", lambda features=None: True)
     assert "this CPU" not in results.run_status(run, tmp_path / "runs", docs)
