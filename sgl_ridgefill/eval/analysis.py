@@ -126,11 +126,15 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     - ``untimed_requests``, ``untimed_request_seconds``: requests of such sessions from before requests named
       theirs. An unnamed session record counts the requests just before it as its own; the others before
       them ran in sessions whose wall time is lost, and only their requests' own time is known.
+
+    and where sessions' plans differ, ``cpus`` and ``maps``: requests by CPU (with where its bfloat16 matmuls
+    ran) and by the maps' fingerprint (a run resumed on another machine fills with maps fitted again there).
     """
     from .runner import REQUEST_KINDS
 
     recorded: dict[str, Mapping[str, Any]] = {}  # named sessions that wrote their record
     machine: dict[str, str] = {}  # named sessions whose plan names the CPU they ran on
+    maps: dict[str, str] = {}  # named sessions with a plan: the fingerprint of the maps they filled with
     last_at: dict[str, float] = {}  # named sessions: the time of their last request
     count: Counter[str] = Counter()
     unnamed = []  # session records without a name (older runs)
@@ -145,8 +149,13 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
             pending = []
         elif kind == "session":
             recorded[r["session"]] = r
-        elif kind == "plan" and r.get("session") is not None and r.get("cpu") is not None:
-            machine[r["session"]] = f"{r['cpu']} ({r.get('cpu_capability')})"
+        elif kind == "plan" and r.get("session") is not None:
+            if r.get("cpu") is not None:
+                through = f"; bfloat16 matmuls {r['bf16_matmuls']}" if r.get("bf16_matmuls") else ""
+                machine[r["session"]] = f"{r['cpu']} ({r.get('cpu_capability')}{through})"
+            fit = r.get("maps") or {}
+            maps[r["session"]] = (f"{fit['sha256']} (held-out R² {fit['heldout_r2']})" if fit.get("sha256")
+                                  else "not fingerprinted")
         elif kind in REQUEST_KINDS and "copied_from" not in r:
             if r.get("session") is None:
                 pending.append(r)
@@ -168,12 +177,14 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     if untimed:
         out["untimed_requests"] = len(untimed)
         out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
-    cpus: Counter[str] = Counter()  # "<cpu> (<capability>)": requests, over the sessions whose plan names it
-    for name, n in count.items():
-        if name in machine:
-            cpus[machine[name]] += n
-    if len(cpus) > 1:
-        out["cpus"] = dict(cpus)
+    # "<cpu> (<capability>)" and the maps' fingerprint: requests, over the sessions whose plan names them
+    for key, by_session in (("cpus", machine), ("maps", maps)):
+        counted: Counter[str] = Counter()
+        for name, n in count.items():
+            if name in by_session:
+                counted[by_session[name]] += n
+        if len(counted) > 1:
+            out[key] = dict(counted)
     return out
 
 

@@ -25,6 +25,7 @@ import pathlib
 import shlex
 import sys
 import time
+from typing import Any
 
 from ..settings import cli_flags, engine_keywords
 from ..tools import args as argtypes
@@ -215,8 +216,24 @@ def _cpu(args) -> dict[str, str]:
         return {}
     from ..tools.machine import machine_record
 
+    from ..cpu.matmul import through_float32
+
     machine = machine_record(dtype=args.resolved_dtype, server_env=None, server_local=True)
-    return {"cpu": machine["cpu_model"], "cpu_capability": machine["capability"]}
+    through = args.resolved_dtype == "bfloat16" and through_float32()
+    return {"cpu": machine["cpu_model"], "cpu_capability": machine["capability"],
+            **({"bf16_matmuls": "through float32"} if through else {})}
+
+
+def _maps_fingerprint(maps: pathlib.Path, split: int) -> dict[str, Any]:
+    """The maps this run fills with, as the plan records them: the split's file hash (16 hex digits, from the
+    manifest) and its mean held-out R²; ``{}`` when the manifest does not say."""
+    manifest = json.loads((maps / "manifest.json").read_text())
+    entry = (manifest.get("splits") or {}).get(str(split)) or {}
+    sha = (manifest.get("files") or {}).get(entry.get("file", ""))
+    if not sha:
+        return {}
+    r2 = (entry.get("heldout") or {}).get("mean_r2")
+    return {"sha256": sha[:16], "heldout_r2": None if r2 is None else round(float(r2), 4)}
 
 
 def _backend_name(args) -> str:
@@ -441,7 +458,8 @@ def _run(args: argparse.Namespace) -> int:
             jobs = [("needle", s, a) for s, a in needle_jobs(store, samples, plan)]
             jobs += [("loss", d, a) for d, a in loss_jobs(store, docs, plan)]
             planned = sum(sizing.request_counts(samples, needle_arms, docs, loss_arms))
-            store.add(plan_record(requests=planned, pending=len(jobs), cpu=_cpu(args)))
+            store.add(plan_record(requests=planned, pending=len(jobs), cpu=_cpu(args),
+                                  maps=_maps_fingerprint(args.maps, split)))
             for kind, item, arm in tqdm(jobs, desc="eval requests", unit="req", dynamic_ncols=True):
                 (run_needle if kind == "needle" else run_loss)(client, store, item, arm, plan)
     finally:

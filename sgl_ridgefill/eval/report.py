@@ -159,8 +159,9 @@ def _wall_text(wall: Mapping[str, Any]) -> str:
     if wall.get("untimed_requests"):
         text += (f"; {wall['untimed_requests']} more request(s) ran in sessions stopped before wall time was kept "
                  f"per request ({wall['untimed_request_seconds'] / 60:.1f} min of request time)")
-    if wall.get("cpus"):
-        text += "; requests by CPU: " + ", ".join(f"{cpu} {n}" for cpu, n in wall["cpus"].items())
+    for key, what in (("cpus", "CPU"), ("maps", "maps")):
+        if wall.get(key):
+            text += f"; requests by {what}: " + ", ".join(f"{name} {n}" for name, n in wall[key].items())
     return text
 
 

@@ -128,11 +128,15 @@ def session_record(seconds: float, requests: int, session: str | None = None) ->
     return rec if session is None else {**rec, "session": session}
 
 
-def plan_record(*, requests: int, pending: int, cpu: Mapping[str, str] | None = None) -> dict:
+def plan_record(*, requests: int, pending: int, cpu: Mapping[str, str] | None = None,
+                maps: Mapping[str, Any] | None = None) -> dict:
     """What an invocation set out to do: ``requests``, every arm of every sample and document, and ``pending``,
     those not done yet (``analysis.progress``, what ``results --list`` says is left); ``cpu``, the machine its
-    servers run on (``cpu``, ``cpu_capability``; none for a server given by address)."""
-    return {"kind": "plan", "requests": requests, "pending": pending, **(cpu or {})}
+    servers run on (``cpu``, ``cpu_capability``, and ``bf16_matmuls`` where they run through float32; none for
+    a server given by address); ``maps``, the fingerprint of the maps it fills with (``sha256``,
+    ``heldout_r2``): a run resumed elsewhere runs on maps fitted again there."""
+    rec = {"kind": "plan", "requests": requests, "pending": pending, **(cpu or {})}
+    return {**rec, "maps": dict(maps)} if maps else rec
 
 
 class RanExact(RuntimeError):

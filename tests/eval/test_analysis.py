@@ -586,3 +586,49 @@ def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
     assert summary["wall"] == {"sessions": 2, "seconds": 120.0, "requests": 4}
     report = write_report(summary, tmp_path, title="t", records=records).read_text()
     assert "| wall time | 2.0 min in 2 session(s), 4 request(s) |" in report
+
+
+def test_a_run_resumed_with_maps_fitted_again_says_which_maps_measured_which_requests(tmp_path):
+    """Maps are fitted again wherever a run resumes (they live in the machine's cache): each session's plan
+    carries the maps' fingerprint and where its bfloat16 matmuls ran, and where the sessions differ the wall
+    time (and the report) says how many requests each measured, so a resumed run is not read as one fit's."""
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, plan_record
+
+    clock = iter([0.0, 30.0, 60.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8, "cpu": "Xeon", "cpu_capability": "AVX512"})
+    store.begin_session()
+    store.add(plan_record(requests=3, pending=3, cpu={"cpu": "Xeon", "cpu_capability": "AVX512"}))  # before fingerprints
+    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))
+    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))
+    store.add(store.end_session())
+    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    resumed.begin_session()
+    resumed.add(plan_record(requests=3, pending=1, cpu={"cpu": "Xeon", "cpu_capability": "AVX512",
+                                                        "bf16_matmuls": "through float32"},
+                            maps={"sha256": "0123456789abcdef", "heldout_r2": 0.8523}))
+    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))
+    resumed.add(resumed.end_session())
+    records = load_records(tmp_path / "results.jsonl")
+    wall = wall_time(records)
+    assert wall["cpus"] == {"Xeon (AVX512)": 2, "Xeon (AVX512; bfloat16 matmuls through float32)": 1}
+    assert wall["maps"] == {"not fingerprinted": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
+    report = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
+    assert ("requests by CPU: Xeon (AVX512) 2, Xeon (AVX512; bfloat16 matmuls through float32) 1; requests by maps: "
+            "not fingerprinted 2, 0123456789abcdef (held-out R² 0.8523) 1 |") in report
+
+
+def test_one_fit_of_the_maps_is_not_listed(tmp_path):
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, plan_record
+
+    clock = iter([0.0, 30.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    maps = {"sha256": "0123456789abcdef", "heldout_r2": 0.8523}
+    for name in ("f0", "f1"):
+        store.begin_session()
+        store.add(plan_record(requests=2, pending=1, maps=maps))
+        store.add(_needle(4096, "t1", name, "ridgefill", "filled", 100, 500))
+        store.add(store.end_session())
+    assert "maps" not in wall_time(load_records(tmp_path / "results.jsonl"))

@@ -68,3 +68,22 @@ def test_a_run_paired_with_anothers_exact_arm_runs_in_its_dtype(tmp_path, capsys
     assert source_dtype([]) is None
     assert cli._dtype(_args(), None, "bfloat16") == "bfloat16"
     assert "the exact arm it reuses (--exact-from) was measured in it" in capsys.readouterr().out
+
+
+def test_a_plan_names_where_bfloat16_matmuls_run_and_the_maps_it_fills_with(monkeypatch, tmp_path):
+    import json
+
+    from sgl_ridgefill.cpu import matmul
+
+    monkeypatch.setattr(matmul, "through_float32", lambda features=None: True)
+    assert cli._cpu(_args(resolved_dtype="bfloat16"))["bf16_matmuls"] == "through float32"
+    assert "bf16_matmuls" not in cli._cpu(_args(resolved_dtype="float32"))
+    monkeypatch.setattr(matmul, "through_float32", lambda features=None: False)
+    assert "bf16_matmuls" not in cli._cpu(_args(resolved_dtype="bfloat16"))
+    assert cli._cpu(_args(url="http://127.0.0.1:9", resolved_dtype="bfloat16")) == {}
+
+    manifest = {"splits": {"12": {"file": "maps-split12.safetensors", "heldout": {"mean_r2": 0.852353823}}},
+                "files": {"maps-split12.safetensors": "dab684883f3fa0cd49df1cd68548bb40c750dd6af7f464eacb386cf3388b6d49"}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert cli._maps_fingerprint(tmp_path, 12) == {"sha256": "dab684883f3fa0cd", "heldout_r2": 0.8524}
+    assert cli._maps_fingerprint(tmp_path, 14) == {}
