@@ -82,3 +82,27 @@ def test_upcast_linears_routes_a_models_projections(upcasting):
     x, _, _ = _operands(32)
     hidden = F.linear(x.float(), model[0].weight.float(), model[0].bias.float()).bfloat16()
     assert torch.equal(model[0](x), hidden)
+
+
+def test_sglangs_linear_and_lm_head_hooks_route_bfloat16_through_float32(upcasting):
+    """The CPU recipe's hooks (``patches.py``): SGLang's own path only where nothing is upcast."""
+    from types import SimpleNamespace
+
+    from sgl_ridgefill import patches
+
+    x, w, b = _operands(64)
+    original = []
+    layer = SimpleNamespace(weight=w)
+    out = patches.around_linear_apply(lambda *a: original.append(a) or "sglang", "method", layer, x, b)
+    assert torch.equal(out, F.linear(x.float(), w.float(), b.float()).bfloat16()) and not original
+    assert patches.around_linear_apply(lambda *a: "sglang", "method", layer, x[:2], b) == "sglang"  # a decode step
+
+    head = SimpleNamespace(weight=w, quant_method=None)
+    processor = SimpleNamespace(use_fp32_lm_head=False)
+    logits = patches.around_compute_lm_head(lambda *a, **k: "sglang", processor, x, head, None)
+    assert torch.equal(logits, F.linear(x.float(), w.float()).bfloat16())
+    assert patches.around_compute_lm_head(lambda *a, **k: "sglang", processor, x, head, b) == "sglang"  # a bias
+    lora = SimpleNamespace(weight=w, quant_method=None, set_lora=None)
+    assert patches.around_compute_lm_head(lambda *a, **k: "sglang", processor, x, lora, None) == "sglang"
+    fp32_head = SimpleNamespace(use_fp32_lm_head=True)
+    assert patches.around_compute_lm_head(lambda *a, **k: "sglang", fp32_head, x, head, None) == "sglang"
