@@ -14,8 +14,9 @@ a user who asks for ``--dtype bfloat16``) runs its projections at float32 speed 
 and memory. Below :data:`MIN_ROWS` rows (a decode step) converting the weight costs more than the GEMM
 saves, so those calls stay on PyTorch's own path.
 
-:func:`linear` is the one switch; the SGLang linear layers and LM head call it through
-``patches.py`` (CPU recipe only), the calibration's ``transformers`` model through :func:`upcast_linears`.
+:func:`linear` is the one switch: SGLang's linear layers and LM head reach it through ``patches.py`` (CPU
+recipe only), the fill's own K/V projections (``runtime/adapter.py``) call it, and the calibration's
+``transformers`` model through :func:`upcast_linears`.
 ``RIDGEFILL_BF16_MATMUL=native`` keeps PyTorch's bfloat16 kernels everywhere (to compare the two).
 Nothing here imports SGLang.
 """

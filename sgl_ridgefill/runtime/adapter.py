@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..arch import DENSE_ARCHITECTURES, HYBRID_ARCHITECTURES
+from ..cpu.matmul import linear  # F.linear, through float32 for bfloat16 on a CPU without it
 
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES  # HF class -> family (arch.py)
 
@@ -132,7 +132,7 @@ class ModelAdapter:
         h = layer.input_layernorm(x_in)
         kv_w = self._kv_weights[layer_id]
         if kv_w is not None:
-            kv = F.linear(h, kv_w[0], kv_w[1])
+            kv = linear(h, kv_w[0], kv_w[1])
             k, v = kv.split([attn.kv_size, attn.kv_size], dim=-1)
         else:
             qkv, _ = attn.qkv_proj(h)
@@ -147,7 +147,7 @@ class ModelAdapter:
         kv_w = self._kv_weights[layer_id]
         if kv_w is not None:
             w, b = kv_w
-            v = F.linear(h, w[attn.kv_size :], None if b is None else b[attn.kv_size :])
+            v = linear(h, w[attn.kv_size :], None if b is None else b[attn.kv_size :])
         else:
             qkv, _ = attn.qkv_proj(h)
             v = qkv[..., attn.q_size + attn.kv_size :]

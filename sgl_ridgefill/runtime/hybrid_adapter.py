@@ -22,9 +22,9 @@ Tensor parallel size 1 and unquantised projections only (the factory refuses the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..arch import FAMILIES, HYBRID_ARCHITECTURES
+from ..cpu.matmul import linear  # F.linear, through float32 for bfloat16 on a CPU without it
 from ..gdn_layout import gdn_rows
 from .adapter import ModelAdapter, ModelShape, UnsupportedModelError
 
@@ -129,14 +129,14 @@ class HybridModelAdapter(ModelAdapter):
     def key_value(self, layer_id: int, positions: torch.Tensor, x_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_id]
         h = layer.input_layernorm(x_in)
-        kv = F.linear(h, self._kv_weights[layer_id][0])
+        kv = linear(h, self._kv_weights[layer_id][0])
         k, v = kv.split([layer.kv_size, layer.kv_size], dim=-1)
         return self.rope_key(layer_id, positions, k), v.reshape(-1, self.shape.num_kv_heads, self.shape.head_dim)
 
     def value(self, layer_id: int, x_in: torch.Tensor) -> torch.Tensor:
         layer = self.layers[layer_id]
         h = layer.input_layernorm(x_in)
-        v = F.linear(h, self._kv_weights[layer_id][0][layer.kv_size :])
+        v = linear(h, self._kv_weights[layer_id][0][layer.kv_size :])
         return v.reshape(-1, self.shape.num_kv_heads, self.shape.head_dim)
 
     def rope_key(self, layer_id: int, positions: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -155,16 +155,16 @@ class HybridModelAdapter(ModelAdapter):
         layer = self.layers[layer_id]
         h = layer.input_layernorm(x_in)
         qkv_w, _, ba_w = self._gdn_weights[layer_id]
-        mixed_qkv = F.linear(h, qkv_w)
+        mixed_qkv = linear(h, qkv_w)
         heads = layer.linear_attn.num_v_heads
-        b, a = F.linear(h, ba_w).split([heads, heads], dim=-1)
+        b, a = linear(h, ba_w).split([heads, heads], dim=-1)
         return h, mixed_qkv, a.contiguous(), b.contiguous()
 
     def gdn_output(self, layer_id: int, core: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The mixer's output for rows whose recurrence output is ``core`` (``[rows, HV, V]``) and whose normed
         input is ``h`` (``[rows, d]``): gated output norm with ``z = h W_z``, then ``out_proj``: ``[rows, d]``."""
         mixer = self.layers[layer_id].linear_attn
-        z = F.linear(h, self._gdn_weights[layer_id][1]).reshape(-1, mixer.head_v_dim)
+        z = linear(h, self._gdn_weights[layer_id][1]).reshape(-1, mixer.head_v_dim)
         o = mixer.norm(core.reshape(-1, mixer.head_v_dim), z).reshape(h.shape[0], -1)
         out, _ = mixer.out_proj(o)
         return out
