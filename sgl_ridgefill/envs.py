@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from .cpu.dtype import BF16_MATMUL  # "auto" | "native": bfloat16 matmuls on a CPU without bfloat16 (cpu/matmul.py)
 from .settings import ENV_PREFIX, SETTINGS
 
 PREFIX = ENV_PREFIX
@@ -20,7 +21,6 @@ PREFILL_BACKEND = SERVER["prefill_backend"]  # "default" | "ridgefill"
 ALLOW_VERSION_MISMATCH = PREFIX + "ALLOW_SGLANG_VERSION_MISMATCH"
 CACHE_DIR = PREFIX + "CACHE_DIR"  # models, corpora
 CENSUS = PREFIX + "CENSUS"  # a file: the host census of every RidgeFill request (gpu-check --tier host)
-BF16_MATMUL = PREFIX + "BF16_MATMUL"  # "auto" | "native": bfloat16 matmuls on a CPU without bfloat16 (cpu/matmul.py)
 
 ALL = (*SERVER.values(), ALLOW_VERSION_MISMATCH, CACHE_DIR, CENSUS, BF16_MATMUL)
 

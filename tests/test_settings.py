@@ -67,7 +67,9 @@ def test_names_follow_the_settings():
 
 def test_envs_holds_every_setting_variable():
     assert envs.SERVER == {s.name: s.env for s in SETTINGS}
-    assert set(envs.ALL) == {s.env for s in SETTINGS} | {envs.ALLOW_VERSION_MISMATCH, envs.CACHE_DIR, envs.CENSUS}
+    assert set(envs.ALL) == {s.env for s in SETTINGS} | {
+        envs.ALLOW_VERSION_MISMATCH, envs.CACHE_DIR, envs.CENSUS, envs.BF16_MATMUL}
+    assert all(name.startswith(envs.PREFIX) for name in envs.ALL)
     assert envs.PREFILL_BACKEND == "RIDGEFILL_PREFILL_BACKEND"
 
 

@@ -36,6 +36,9 @@ _ONEDNN_BF16_ISAS = frozenset({
     "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2",
     "ALL", "DEFAULT",
 })
+# "auto" | "native": bfloat16 matmuls through float32 where the CPU has no bfloat16 (``matmul.py``); declared
+# here, below the server's settings, so that ``cpu/`` reads it without importing up; ``envs.py`` lists it.
+BF16_MATMUL = "RIDGEFILL_BF16_MATMUL"
 SLOWDOWN_WITHOUT_NATIVE = 1.2  # a bfloat16 forward (matmuls through float32) / a float32 one, without native bfloat16
 
 

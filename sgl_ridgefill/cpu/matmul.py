@@ -24,11 +24,12 @@ Nothing here imports SGLang.
 from __future__ import annotations
 
 import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
-from .. import envs
-from .dtype import CpuFeatures, native_bf16
+from .dtype import BF16_MATMUL, CpuFeatures, native_bf16
 
 MIN_ROWS = 16  # rows of the input below which the weight's conversion costs more than it saves
 MODES = ("auto", "native")  # RIDGEFILL_BF16_MATMUL: auto = through float32 where no native bfloat16
@@ -39,9 +40,9 @@ def through_float32(features: CpuFeatures | None = None) -> bool:
     native bfloat16 matmul (``cpu.dtype``) and ``RIDGEFILL_BF16_MATMUL`` is not ``native``.
 
     Raises ``ValueError`` for a value of ``RIDGEFILL_BF16_MATMUL`` other than :data:`MODES`."""
-    mode = (envs.get(envs.BF16_MATMUL) or "auto").lower()
+    mode = (os.environ.get(BF16_MATMUL) or "auto").lower()
     if mode not in MODES:
-        raise ValueError(f"{envs.BF16_MATMUL} must be one of {', '.join(MODES)}, got {mode!r}")
+        raise ValueError(f"{BF16_MATMUL} must be one of {', '.join(MODES)}, got {mode!r}")
     return mode == "auto" and not native_bf16(features)
 
 
