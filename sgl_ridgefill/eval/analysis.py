@@ -117,6 +117,9 @@ def summarize(records: Iterable[Mapping[str, Any]], *, n_resamples: int = 5000) 
     }
 
 
+NOT_RECORDED = "not recorded"  # a session whose plan named no CPU (or no maps' fingerprint): an older run's
+
+
 def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """What the run has cost so far, every resumption included (None: a run from before sessions were
     recorded): ``sessions``, ``seconds`` and ``requests``, and where some sessions did not end normally:
@@ -128,18 +131,20 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
       them ran in sessions whose wall time is lost, and only their requests' own time is known.
 
     and where sessions' plans differ, ``cpus`` and ``maps``: requests by CPU (with where its bfloat16 matmuls
-    ran) and by the maps' fingerprint (a run resumed on another machine fills with maps fitted again there).
+    ran) and by the maps' fingerprint (a run resumed on another machine fills with maps fitted again there);
+    requests of sessions whose plan named neither count as :data:`NOT_RECORDED`.
     """
     from .runner import REQUEST_KINDS
 
     recorded: dict[str, Mapping[str, Any]] = {}  # named sessions that wrote their record
     machine: dict[str, str] = {}  # named sessions whose plan names the CPU they ran on
-    maps: dict[str, str] = {}  # named sessions with a plan: the fingerprint of the maps they filled with
+    maps: dict[str, str] = {}  # named sessions whose plan names the fingerprint of the maps they filled with
     last_at: dict[str, float] = {}  # named sessions: the time of their last request
     count: Counter[str] = Counter()
     unnamed = []  # session records without a name (older runs)
     pending: list[Mapping[str, Any]] = []  # unnamed requests since the last unnamed session record
     untimed: list[Mapping[str, Any]] = []
+    unnamed_requests = 0  # requests from before requests named their session
     for r in records:
         kind = r.get("kind")
         if kind == "session" and r.get("session") is None:
@@ -154,11 +159,12 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
                 through = f"; bfloat16 matmuls {r['bf16_matmuls']}" if r.get("bf16_matmuls") else ""
                 machine[r["session"]] = f"{r['cpu']} ({r.get('cpu_capability')}{through})"
             fit = r.get("maps") or {}
-            maps[r["session"]] = (f"{fit['sha256']} (held-out R² {fit['heldout_r2']})" if fit.get("sha256")
-                                  else "not fingerprinted")
+            if fit.get("sha256"):
+                maps[r["session"]] = f"{fit['sha256']} (held-out R² {fit['heldout_r2']})"
         elif kind in REQUEST_KINDS and "copied_from" not in r:
             if r.get("session") is None:
                 pending.append(r)
+                unnamed_requests += 1
             else:
                 last_at[r["session"]] = max(last_at.get(r["session"], 0.0), float(r.get("at", 0.0)))
                 count[r["session"]] += 1
@@ -177,13 +183,15 @@ def wall_time(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     if untimed:
         out["untimed_requests"] = len(untimed)
         out["untimed_request_seconds"] = round(sum(float(r.get("seconds") or 0.0) for r in untimed), 1)
-    # "<cpu> (<capability>)" and the maps' fingerprint: requests, over the sessions whose plan names them
+    # "<cpu> (<capability>)" and the maps' fingerprint: requests, those of sessions whose plan does not name
+    # them (or from before requests named their session) counted as not recorded
     for key, by_session in (("cpus", machine), ("maps", maps)):
         counted: Counter[str] = Counter()
         for name, n in count.items():
-            if name in by_session:
-                counted[by_session[name]] += n
-        if len(counted) > 1:
+            counted[by_session.get(name, NOT_RECORDED)] += n
+        counted[NOT_RECORDED] += unnamed_requests
+        counted = +counted  # drop the zero count
+        if by_session and len(counted) > 1:
             out[key] = dict(counted)
     return out
 

@@ -613,10 +613,10 @@ def test_a_run_resumed_with_maps_fitted_again_says_which_maps_measured_which_req
     records = load_records(tmp_path / "results.jsonl")
     wall = wall_time(records)
     assert wall["cpus"] == {"Xeon (AVX512)": 2, "Xeon (AVX512; bfloat16 matmuls through float32)": 1}
-    assert wall["maps"] == {"not fingerprinted": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
+    assert wall["maps"] == {"not recorded": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
     report = write_report(summarize(records, n_resamples=N_RESAMPLES), tmp_path, title="t", records=records).read_text()
     assert ("requests by CPU: Xeon (AVX512) 2, Xeon (AVX512; bfloat16 matmuls through float32) 1; requests by maps: "
-            "not fingerprinted 2, 0123456789abcdef (held-out R² 0.8523) 1 |") in report
+            "not recorded 2, 0123456789abcdef (held-out R² 0.8523) 1 |") in report
 
 
 def test_one_fit_of_the_maps_is_not_listed(tmp_path):
@@ -632,3 +632,30 @@ def test_one_fit_of_the_maps_is_not_listed(tmp_path):
         store.add(_needle(4096, "t1", name, "ridgefill", "filled", 100, 500))
         store.add(store.end_session())
     assert "maps" not in wall_time(load_records(tmp_path / "results.jsonl"))
+
+
+def test_requests_from_before_plans_named_their_machine_and_maps_are_counted_as_not_recorded(tmp_path):
+    """A run begun before plans named their session (its requests then carried no record of the CPU or the
+    maps) and resumed with a plan that does: the report counts the earlier requests as not recorded rather
+    than leaving the breakdown out, so the resumed session's figures are not read as the whole run's."""
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import ResultStore, plan_record
+
+    clock = iter([0.0, 30.0, 60.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
+    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8, "cpu": "Xeon", "cpu_capability": "AVX512"})
+    store.begin_session()
+    store.add({"kind": "plan", "requests": 3, "pending": 3})  # the older plan: no session, CPU or maps
+    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))
+    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))
+    store.add(store.end_session())
+    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
+    resumed.begin_session()
+    resumed.add(plan_record(requests=3, pending=1, cpu={"cpu": "Xeon", "cpu_capability": "AVX512",
+                                                        "bf16_matmuls": "through float32"},
+                            maps={"sha256": "0123456789abcdef", "heldout_r2": 0.8523}))
+    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))
+    resumed.add(resumed.end_session())
+    wall = wall_time(load_records(tmp_path / "results.jsonl"))
+    assert wall["cpus"] == {"not recorded": 2, "Xeon (AVX512; bfloat16 matmuls through float32)": 1}
+    assert wall["maps"] == {"not recorded": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
