@@ -588,18 +588,16 @@ def test_wall_time_adds_up_every_session_of_a_resumed_run(tmp_path):
     assert "| wall time | 2.0 min in 2 session(s), 4 request(s) |" in report
 
 
-def test_a_run_resumed_with_maps_fitted_again_says_which_maps_measured_which_requests(tmp_path):
-    """Maps are fitted again wherever a run resumes (they live in the machine's cache): each session's plan
-    carries the maps' fingerprint and where its bfloat16 matmuls ran, and where the sessions differ the wall
-    time (and the report) says how many requests each measured, so a resumed run is not read as one fit's."""
-    from sgl_ridgefill.eval.analysis import wall_time
+def _resumed_with_fingerprinted_maps(tmp_path, first_plan):
+    """Records of a run: two requests in a session that recorded ``first_plan``, then one in a resumed
+    session whose plan names its CPU (bfloat16 matmuls through float32) and its maps' fingerprint."""
     from sgl_ridgefill.eval.runner import ResultStore, plan_record
 
     clock = iter([0.0, 30.0, 60.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
     store = ResultStore(tmp_path / "results.jsonl", clock=clock)
     store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8, "cpu": "Xeon", "cpu_capability": "AVX512"})
     store.begin_session()
-    store.add(plan_record(requests=3, pending=3, cpu={"cpu": "Xeon", "cpu_capability": "AVX512"}))  # before fingerprints
+    store.add(first_plan)
     store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))
     store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))
     store.add(store.end_session())
@@ -610,7 +608,18 @@ def test_a_run_resumed_with_maps_fitted_again_says_which_maps_measured_which_req
                             maps={"sha256": "0123456789abcdef", "heldout_r2": 0.8523}))
     resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))
     resumed.add(resumed.end_session())
-    records = load_records(tmp_path / "results.jsonl")
+    return load_records(tmp_path / "results.jsonl")
+
+
+def test_a_run_resumed_with_maps_fitted_again_says_which_maps_measured_which_requests(tmp_path):
+    """Maps are fitted again wherever a run resumes (they live in the machine's cache): each session's plan
+    carries the maps' fingerprint and where its bfloat16 matmuls ran, and where the sessions differ the wall
+    time (and the report) says how many requests each measured, so a resumed run is not read as one fit's."""
+    from sgl_ridgefill.eval.analysis import wall_time
+    from sgl_ridgefill.eval.runner import plan_record
+
+    before_fingerprints = plan_record(requests=3, pending=3, cpu={"cpu": "Xeon", "cpu_capability": "AVX512"})
+    records = _resumed_with_fingerprinted_maps(tmp_path, before_fingerprints)
     wall = wall_time(records)
     assert wall["cpus"] == {"Xeon (AVX512)": 2, "Xeon (AVX512; bfloat16 matmuls through float32)": 1}
     assert wall["maps"] == {"not recorded": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
@@ -639,23 +648,8 @@ def test_requests_from_before_plans_named_their_machine_and_maps_are_counted_as_
     maps) and resumed with a plan that does: the report counts the earlier requests as not recorded rather
     than leaving the breakdown out, so the resumed session's figures are not read as the whole run's."""
     from sgl_ridgefill.eval.analysis import wall_time
-    from sgl_ridgefill.eval.runner import ResultStore, plan_record
 
-    clock = iter([0.0, 30.0, 60.0, 70.0, 1000.0, 1200.0, 1210.0]).__next__
-    store = ResultStore(tmp_path / "results.jsonl", clock=clock)
-    store.add({"kind": "meta", "model": "m", "split": 2, "tail": 8, "cpu": "Xeon", "cpu_capability": "AVX512"})
-    store.begin_session()
-    store.add({"kind": "plan", "requests": 3, "pending": 3})  # the older plan: no session, CPU or maps
-    store.add(_needle(4096, "t1", "f0", "ridgefill", "filled", 100, 500))
-    store.add(_needle(4096, "t1", "f1", "ridgefill", "filled", 100, 500))
-    store.add(store.end_session())
-    resumed = ResultStore(tmp_path / "results.jsonl", clock=clock)
-    resumed.begin_session()
-    resumed.add(plan_record(requests=3, pending=1, cpu={"cpu": "Xeon", "cpu_capability": "AVX512",
-                                                        "bf16_matmuls": "through float32"},
-                            maps={"sha256": "0123456789abcdef", "heldout_r2": 0.8523}))
-    resumed.add(_needle(4096, "t1", "f2", "ridgefill", "filled", 100, 500))
-    resumed.add(resumed.end_session())
-    wall = wall_time(load_records(tmp_path / "results.jsonl"))
+    older_plan = {"kind": "plan", "requests": 3, "pending": 3}  # no session, CPU or maps
+    wall = wall_time(_resumed_with_fingerprinted_maps(tmp_path, older_plan))
     assert wall["cpus"] == {"not recorded": 2, "Xeon (AVX512; bfloat16 matmuls through float32)": 1}
     assert wall["maps"] == {"not recorded": 2, "0123456789abcdef (held-out R² 0.8523)": 1}
