@@ -180,10 +180,16 @@ _BLIND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefil
 _BLIND_DIGITS = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows",
                  "--rows-select", BLIND_DIGITS_ROWS)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
-# A second real model, Qwen2.5-Coder-1.5B (28 layers, d = 1,536) at half depth: the same arms and selection (the
-# one its shipped policy qwen2.5-1.5b-rows makes) on the quality preset's samples at 4K and 8K.
-_QUALITY_SECOND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
-                   "--rows-select", POOLED_TAIL_ROWS)
+
+
+def second_model_flags(rows_select: str) -> tuple[str, ...]:
+    """A second real model, Qwen2.5-Coder-1.5B (28 layers, d = 1,536) at half depth: the quality preset's needle
+    arms with rows chosen by ``rows_select`` (at 4K the 0.5B's selection, at 8K the one its shipped policy
+    qwen2.5-1.5b-rows makes: the same with the lexical reserve the 4K selection runs chose)."""
+    return ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
+            "--rows-select", rows_select)
+
+
 _SMOL_SPLITS = (15,)
 
 
@@ -259,6 +265,8 @@ QWEN_1_5B_LAYER_SETS = ((3, 8, 13), (11, 12, 13))
 # measured again with a token opening with punctuation starting a word (the whole needle in each of the 48 prose
 # prompts, by the offline count on their tokens and float32 attention).
 QWEN_1_5B_RESERVES = ("lexical",)
+# It held every one of them (100.0, paired with exact +0.0): the reserve the shipped policy carries.
+QWEN_1_5B_SHIPPED_RESERVE = "lexical"
 # Two of the three needles both missed were held in part (17 of 20 and 8 of 23 rows: the number's last digits
 # beyond the pool's window; the third not at all). The shipped selection with every sentence of up to 32 tokens
 # taken whole behind its peak, in both of its rankings (attention_topk's sentence); whole sentences cost rows,
@@ -289,8 +297,10 @@ RUNS = (
     # And with the exact upgrade: each first question rewrites the document exactly while it decodes alone.
     Run("qwen2.5-0.5b-s12-later-upgrade-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,),
         _LATER + ("--upgrade-rows", "512"), group=LATER_QUESTIONS),
-    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), _QUALITY_SECOND, group=SELECTION_LAYERS),
-    Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,), _QUALITY_SECOND),
+    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), second_model_flags(POOLED_TAIL_ROWS),
+        group=SELECTION_LAYERS),
+    Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,),
+        second_model_flags(reserve_rows(QWEN_1_5B_SHIPPED_RESERVE))),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-digits-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND_DIGITS,

@@ -85,9 +85,15 @@ def test_the_small_model_rows_policy_pools_its_attention():
     assert [(s.kwargs["q"], s.kwargs["share"], s.kwargs["pool"]) for s in (question, tail)] == [(64, 0.10, 8), (1024, 0.05, 8)]
 
 
-def test_the_second_small_model_rows_policy_is_the_first_ones_selection_at_its_own_split():
+def test_the_second_small_model_rows_policy_is_the_first_ones_selection_with_a_lexical_reserve():
     model, maps = deployment_for("qwen2.5-1.5b-rows")
     policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-1.5b-rows")), maps=maps, model=model)
     small_model, small_maps = deployment_for("qwen2.5-0.5b-rows")
     small = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=small_maps, model=small_model)
-    assert (policy.split, small.split) == (14, 12) and policy.selection == small.selection and not policy.warnings
+    assert (policy.split, small.split) == (14, 12) and not policy.warnings
+    # The same rows, budget and attention reserve, then up to 3 % for the sentences sharing words with the question.
+    assert (policy.selection.rows, policy.selection.budget) == (small.selection.rows, small.selection.budget)
+    assert policy.selection.reserves[:-1] == small.selection.reserves
+    lexical, limit = policy.selection.reserves[-1]
+    assert lexical.selector.spec.name == "lexical_net" and limit.fraction == 0.03
+    assert policy.needs_tokens and not small.needs_tokens
