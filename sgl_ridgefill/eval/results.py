@@ -174,22 +174,19 @@ _LATER = ("--tasks", "niah_multikey", "--depths", "5", "--seeds", "4", "--docs",
 # which reads the question, on the same 96 filled-region samples (the exact arm runs once, in the first).
 BLIND_ROWS = 'attention_topk(q=64, share=10%, layers=[3, 7, 11], query="before_tail", pool=8)'
 BLIND_DIGITS_ROWS = BLIND_ROWS + " budget 10% reserve digits() up to 3%"
-_AWARE = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
-          "--rows-select", POOLED_TAIL_ROWS)
-_BLIND = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows", "--rows-select", BLIND_ROWS)
-_BLIND_DIGITS = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill+rows",
-                 "--rows-select", BLIND_DIGITS_ROWS)
+
+
+def _selection_flags(rows_select: str, *, exact: bool, bare: bool = False) -> tuple[str, ...]:
+    """The quality preset's needle samples (no documents) with the rows arm choosing its rows by ``rows_select``;
+    the exact arm only in the run that holds it for its group, the bare fill where ``bare``."""
+    arms = ("exact," if exact else "") + ("ridgefill," if bare else "") + "ridgefill+rows"
+    return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", rows_select)
+
+
+_AWARE = _selection_flags(POOLED_TAIL_ROWS, exact=True, bare=True)
+_BLIND = _selection_flags(BLIND_ROWS, exact=True)
+_BLIND_DIGITS = _selection_flags(BLIND_DIGITS_ROWS, exact=True)
 _QWEN_SPLITS = (12, 14, 16)  # one calibration pass: sgl-ridgefill calibrate --splits 12,14,16
-
-
-def second_model_flags(rows_select: str) -> tuple[str, ...]:
-    """A second real model, Qwen2.5-Coder-1.5B (28 layers, d = 1,536) at half depth: the quality preset's needle
-    arms with rows chosen by ``rows_select`` (at 4K the 0.5B's selection, at 8K the one its shipped policy
-    qwen2.5-1.5b-rows makes: the same with the lexical reserve the 4K selection runs chose)."""
-    return ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
-            "--rows-select", rows_select)
-
-
 _SMOL_SPLITS = (15,)
 
 
@@ -220,8 +217,7 @@ def _domain_name(corpus: str) -> str:
 # Qwen2.5-Coder-0.5B's 32K context holds with room for the answer; exact, the bare fill and the shipped rows
 # selection. The maps are fitted on pieces of at most 2,048 tokens; the same at 16K with maps fitted on whole
 # pieces of up to 16,384 tokens (one per document) says what longer calibration documents change.
-_LENGTH = ("--preset", "quality", "--docs", "0", "--needle-arms", "exact,ridgefill,ridgefill+rows",
-           "--rows-select", POOLED_TAIL_ROWS)
+_LENGTH = _selection_flags(POOLED_TAIL_ROWS, exact=True, bare=True)
 _LENGTH_32K = (*_LENGTH, "--depths", "4")
 # Key-token loss at 16K for the same three arms on 8 held-out documents of the builtin corpus (at 16K tokens, books
 # of the King James Bible); the needle grid's exact arm comes from qwen2.5-0.5b-s12-16k-q (same maps, same prompts).
@@ -245,13 +241,6 @@ RESERVES = {"digits": "digits() up to 3%", "lexical": "lexical_net() up to 3%"}
 def reserve_rows(reserve: str) -> str:
     """The shipped selection reading layers 3, 7 and 11 with one of :data:`RESERVES` inside its budget."""
     return POOLED_TAIL_ROWS + " reserve " + RESERVES[reserve]
-
-
-def _selection_flags(rows_select: str, *, exact: bool) -> tuple[str, ...]:
-    """The quality preset's needle arms of a selection-layers run choosing its rows by ``rows_select`` (the exact
-    arm only in the run that holds it for its group)."""
-    arms = "exact,ridgefill+rows" if exact else "ridgefill+rows"
-    return ("--preset", "quality", "--docs", "0", "--needle-arms", arms, "--rows-select", rows_select)
 
 
 # Qwen2.5-Coder-1.5B has 28 layers: at 4K the shipped selection (layers 3, 7 and 11) missed 3 of 96 filled-region
@@ -298,10 +287,13 @@ RUNS = (
     # And with the exact upgrade: each first question rewrites the document exactly while it decodes alone.
     Run("qwen2.5-0.5b-s12-later-upgrade-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,),
         _LATER + ("--upgrade-rows", "512"), group=LATER_QUESTIONS),
-    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,), second_model_flags(POOLED_TAIL_ROWS),
-        group=SELECTION_LAYERS),
+    # A second real model, Qwen2.5-Coder-1.5B (28 layers, d = 1,536) at half depth, exact, the bare fill and rows:
+    # at 4K the 0.5B's selection, at 8K the one its shipped policy qwen2.5-1.5b-rows makes (the same with the
+    # lexical reserve the 4K selection-layers runs chose).
+    Run("qwen2.5-1.5b-s14-q", "qwen2.5-coder-1.5b", (14,), 14, (4096,),
+        _selection_flags(POOLED_TAIL_ROWS, exact=True, bare=True), group=SELECTION_LAYERS),
     Run("qwen2.5-1.5b-s14-8k-q", "qwen2.5-coder-1.5b", (14,), 14, (8192,),
-        second_model_flags(reserve_rows(QWEN_1_5B_SHIPPED_RESERVE))),
+        _selection_flags(reserve_rows(QWEN_1_5B_SHIPPED_RESERVE), exact=True, bare=True)),
     Run("qwen2.5-0.5b-s12-aware-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _AWARE, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND, group=QUESTION_BLIND),
     Run("qwen2.5-0.5b-s12-blind-digits-q", "qwen2.5-coder-0.5b", (6, 12), 12, (4096,), _BLIND_DIGITS,
