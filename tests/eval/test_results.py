@@ -318,7 +318,8 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
 
     group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
     assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q",
-                          "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q", "qwen2.5-0.5b-s14-16k-q"}
+                          "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q", "qwen2.5-0.5b-s14-16k-q",
+                          "qwen2.5-0.5b-s12-16k-lexical-q"}
     # The shipped selection at split 14: its rows arm on the 16K prompts, maps of its own split, the 16K exact arm.
     deeper = group["qwen2.5-0.5b-s14-16k-q"]
     assert deeper.split == 14 and deeper.lengths == (16384,) and deeper.rows_select == results.POOLED_TAIL_ROWS
@@ -333,6 +334,13 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
     assert sentence.extra[sentence.extra.index("--needle-arms") + 1] == "ridgefill+rows"
     assert results.REPO_DOCS / "results" / "qwen2.5-0.5b-s12-16k-q" in results.exact_sources(
         sentence, results.RUNS, tmp_path / "elsewhere", results.REPO_DOCS)
+    # The shipped selection with the 1.5B policy's lexical reserve inside its budget: the 16K run's prompts and maps.
+    lexical = group["qwen2.5-0.5b-s12-16k-lexical-q"]
+    assert lexical.rows_select == results.reserve_rows(results.QWEN_1_5B_SHIPPED_RESERVE)
+    assert lexical.maps_name() == group["qwen2.5-0.5b-s12-16k-q"].maps_name() and lexical.split == 12
+    assert lexical.extra[lexical.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+    assert results.REPO_DOCS / "results" / "qwen2.5-0.5b-s12-16k-q" in results.exact_sources(
+        lexical, results.RUNS, tmp_path / "elsewhere", results.REPO_DOCS)
     loss = group["qwen2.5-0.5b-s12-16k-loss-q"]
     # The key-token loss of the three arms at 16K, its needle grid's exact arm imported from the 16K run.
     assert loss.extra[loss.extra.index("--loss-arms") + 1] == "exact,ridgefill,ridgefill+rows"
