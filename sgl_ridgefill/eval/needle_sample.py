@@ -25,7 +25,8 @@ class NeedleSample:
     after it, else ``"straddle"`` (for cwe, whose spans are every occurrence of a common word, usually
     ``"straddle"``). ``question_len``: the question's tokens at the end of ``input_ids`` (0: not recorded);
     ``other_questions``: token ids of questions about the document's other needles (niah_multikey: one per
-    distractor key), asked before this sample's own in the later-question arms.
+    distractor key), asked before this sample's own in the later-question arms; ``distractor_answers``: the
+    values of those other keys' needles (a wrong answer that gives one found the wrong needle).
     """
 
     id: str
@@ -40,6 +41,7 @@ class NeedleSample:
     max_new_tokens: int
     question_len: int = 0
     other_questions: tuple[tuple[int, ...], ...] = ()
+    distractor_answers: tuple[str, ...] = ()
 
     def other_prompt(self, i: int) -> tuple[int, ...]:
         """The document of this sample followed by its ``i``-th other question."""

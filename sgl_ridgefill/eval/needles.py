@@ -68,6 +68,7 @@ class _Content:
     distractors: tuple[str, ...]
     answers: tuple[str, ...]
     other_questions: tuple[str, ...] = ()  # about the distractors' keys
+    distractor_answers: tuple[str, ...] = ()  # the distractors' values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +217,8 @@ def _build_niah(tok: Any, task: str, length: int, tail: int, position: int, hay:
     ids, spans = _assemble(head, question, length, inserts, stream)
     sample = labelled_sample(sample_id, task, hay.name, length, tail, ids, content.answers, spans)
     others = tuple(tuple(encode(tok, q)) for q in content.other_questions)
-    return dataclasses.replace(sample, question_len=len(question), other_questions=others)
+    return dataclasses.replace(sample, question_len=len(question), other_questions=others,
+                               distractor_answers=content.distractor_answers)
 
 
 def _niah(task: str, rng: random.Random, words: tuple[str, ...]) -> _Content:
@@ -234,7 +236,8 @@ def _niah(task: str, rng: random.Random, words: tuple[str, ...]) -> _Content:
     query = keys[0] if queried == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
     header, question = _NIAH_ONE if len(answers) == 1 else _NIAH_ALL
     others = tuple(_NIAH_ONE[1].format(query=k) for k in keys[queried:]) if task == "niah_multikey" else ()
-    return _Content(header, question.format(query=query), tuple(relevant), tuple(distractors), answers, others)
+    return _Content(header, question.format(query=query), tuple(relevant), tuple(distractors), answers, others,
+                    tuple(v for vs in values[queried:] for v in vs))
 
 
 def _vt(rng: random.Random) -> _Content:

@@ -73,13 +73,17 @@ def write_report(summary: Mapping[str, Any], out_dir: str | pathlib.Path, *, tit
                   "samples against the rest (a selection that misses the needle cannot fix it).",
                   _exact_rows_table(summary["exact_rows"])]
     if summary.get("near_misses"):
+        others = _knows_other_values(summary["near_misses"])
         parts += ["## Wrong answers to numeric needles",
                   "Filled-region samples of the 7-digit needles, wrong answers read as near misses (at least "
                   f"{answers.NEAR_DIGITS} of the 7 digits of an expected value in order: the needle was found and "
                   "its digits copied wrongly, an error in the needle rows' own keys and values) or misses (no "
-                  "number or an unrelated one: the needle was not found among the haystack's keys). Share: near "
-                  "misses among wrong answers, 95% BCa interval.",
-                  _near_miss_table(summary["near_misses"]), "A few wrong answers per arm, near misses first:",
+                  "number or an unrelated one: the needle was not found among the haystack's keys). "
+                  + ("Another key's value: a miss that gives the value of one of the prompt's other keys' needles "
+                     "(multikey), the wrong needle found; – where a record does not list those values. " if others else "")
+                  + "Share: near misses among wrong answers, 95% BCa interval.",
+                  _near_miss_table(summary["near_misses"], others),
+                  "A few wrong answers per arm, near misses first:",
                   _near_miss_examples_table(summary.get("near_miss_examples") or [])]
 
     parts += ["## Loss", f"Per-document mean loss (nat) on the last T = {meta.get('tail')} tokens of each document: on key tokens "
@@ -217,10 +221,18 @@ def _exact_rows_table(rows: Sequence[Row]) -> str:
                   [(r["length"], r["arm"], r["n"], f"{r['mean']:.1f}", r["min"], r["max"], *needle(r)) for r in rows])
 
 
-def _near_miss_table(rows: Sequence[Row]) -> str:
+def _knows_other_values(rows: Sequence[Row]) -> bool:
+    """Whether any row counts the wrong answers that are another key's value (its records list them)."""
+    return any(r.get("distractor") is not None for r in rows)
+
+
+def _near_miss_table(rows: Sequence[Row], others: bool) -> str:
     share = lambda r: "no wrong answer" if r["share"] is None else ci(r, "share", lambda x: f"{x:.0f} %")  # noqa: E731
-    return table(("length", "haystack", "arm", "samples", "wrong", "near misses", "share of near misses"),
-                  [(r["length"], r["haystack"], r["arm"], r["n"], r["wrong"], r["near"], share(r)) for r in rows])
+    other = (lambda r: (NA if r.get("distractor") is None else r["distractor"],)) if others else (lambda r: ())  # noqa: E731
+    return table(("length", "haystack", "arm", "samples", "wrong", "near misses",
+                  *(("another key's value",) if others else ()), "share of near misses"),
+                 [(r["length"], r["haystack"], r["arm"], r["n"], r["wrong"], r["near"], *other(r), share(r))
+                  for r in rows])
 
 
 def _near_miss_examples_table(rows: Sequence[Row]) -> str:
@@ -356,8 +368,10 @@ def _conclusions(summary: Mapping[str, Any]) -> str:
                                                                 vs=EXACT), pts))
         near = plots.find_row(summary.get("near_misses") or [], length=length, haystack=ALL, arm=RIDGEFILL)
         if near is not None and near["wrong"]:
+            other = (f", {near['distractor']} of {near['wrong']} another key's value (the wrong needle found)"
+                     if near.get("distractor") is not None else "")
             lines.append(f"- RidgeFill's wrong filled-region answers to numeric needles: {near['near']} of "
-                         f"{near['wrong']} are near misses (the digits copied wrongly, not the needle missed).")
+                         f"{near['wrong']} are near misses (the digits copied wrongly, not the needle missed){other}.")
         if length != ALL:
             key = plots.find_row(loss_diffs, length=length, metric="key", arm=RIDGEFILL, vs=IDENTITY)
             lines.append(_target("Key-token loss of RidgeFill below identity (nat)", key, "diff", "<", 0.0, nat))

@@ -266,7 +266,8 @@ def run_needle(client: Client, store: ResultStore, sample, arm: str, plan: EvalP
         "kind": "needle", "length": sample.length, "task": sample.task, "haystack": sample.haystack,
         "sample": sample.id, "prompt_sha": prompt_sha(sample.input_ids), "arm": arm, "region": sample.region,
         "depth": sample.depth, "position": sample.needle_spans[0][0], "score": string_match_all(text, sample.answers),
-        "output": text, "answers": list(sample.answers), **rows, "seconds": round(seconds, 3),
+        "output": text, "answers": list(sample.answers), "distractor_answers": list(sample.distractor_answers),
+        **rows, "seconds": round(seconds, 3),
     })
 
 

@@ -104,6 +104,15 @@ def test_multikey_samples_carry_questions_about_their_other_keys(tok):
     assert make_sample(tok, "niah_single", 2048, TAIL, 1000).other_questions == ()
 
 
+def test_multikey_samples_carry_their_other_keys_values(tok):
+    """A wrong answer can be read as another key's value only if the record knows those values."""
+    sample = make_sample(tok, "niah_multikey", 2048, TAIL, 1000)
+    values = re.findall(r"magic numbers for \S+ is: (\d{7})\.", tok.decode(list(sample.input_ids)))
+    assert sorted(sample.distractor_answers) == sorted(v for v in values if v not in sample.answers)
+    assert len(sample.distractor_answers) == 3
+    assert make_sample(tok, "niah_single", 2048, TAIL, 1000).distractor_answers == ()
+
+
 def test_vt_spans_are_the_chain(tok):
     sample = make_sample(tok, "vt", 2048, TAIL, 500, seed=1)
     texts = [_decode(tok, sample, s) for s in sample.needle_spans]

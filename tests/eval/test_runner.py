@@ -216,10 +216,24 @@ def test_needle_records_carry_the_prompt_hash_and_the_rows_that_ran(tmp_path):
         (A.RIDGEFILL_NEEDLE_ROWS, 100.0, 4, 44), (A.RIDGEFILL_NEEDLE_RANDOM, 100.0, 4, 44)]
     assert records[0]["prompt_sha"] == prompt_sha(sample.input_ids) == prompt_sha(list(sample.input_ids))
     assert prompt_sha(_sample(tuple(range(1, 65))).input_ids) != records[0]["prompt_sha"]
+    assert records[0]["distractor_answers"] == []
     # A server that does not report the rows leaves them out of the record.
     run_needle(_Client("", None), store, sample, A.RIDGEFILL, plan)
     last = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
     assert "exact_rows" not in last and last["score"] == 0.0
+
+
+def test_needle_records_carry_the_other_keys_values(tmp_path):
+    import dataclasses
+
+    from sgl_ridgefill.eval.runner import EvalPlan, run_needle
+
+    plan = EvalPlan(split=2, tail=16, lengths=(64,), needle_arms=A.NEEDLE_ARMS, loss_arms=(), longtail={64: 20})
+    store = ResultStore(tmp_path / "results.jsonl")
+    sample = dataclasses.replace(_sample(), distractor_answers=("7654321", "5550001"))
+    run_needle(_Client(" 7654321.", None), store, sample, A.EXACT, plan)
+    record = json.loads((tmp_path / "results.jsonl").read_text())
+    assert (record["answers"], record["distractor_answers"], record["score"]) == (["1234567"], ["7654321", "5550001"], 0.0)
 
 
 def test_an_answer_decoded_over_rows_the_exact_upgrade_rewrote_stops_a_run_that_measures_the_fill(tmp_path):
