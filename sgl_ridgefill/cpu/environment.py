@@ -44,6 +44,9 @@ CPU_SERVER_ARGS: dict[str, object] = {
     "cuda_graph_backend_prefill": "disabled",
     "sampling_backend": "pytorch",
     "sleep_on_idle": True,
+    # SGLang's scheduler watchdog stops the server when one forward runs past it (300 s by default, sized for a
+    # GPU); one 32K prefill on two cores runs longer.
+    "watchdog_timeout": 3600,
 }
 
 

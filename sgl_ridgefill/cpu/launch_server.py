@@ -2,8 +2,9 @@
 
 Sets up the environment (``environment.py``: the ``sgl_kernel`` stand-in, ``SGLANG_USE_CPU_ENGINE``) and adds
 the CPU flags the caller did not give (``--device cpu --attention-backend ridgefill_cpu``, CUDA graphs off,
-the PyTorch sampler, ``--sleep-on-idle``; for a Gated DeltaNet hybrid also ``--mamba-radix-cache-strategy
-no_buffer --disable-overlap-schedule``), then runs ``python -m sglang.launch_server`` with everything else
+the PyTorch sampler, ``--sleep-on-idle``, ``--watchdog-timeout 3600``: a long prefill on a few cores outlasts
+SGLang's 300 s; for a Gated DeltaNet hybrid also ``--mamba-radix-cache-strategy no_buffer
+--disable-overlap-schedule``), then runs ``python -m sglang.launch_server`` with everything else
 passed through. Without ``--dtype`` it adds this CPU's dtype (``dtype.py``: bfloat16 where its matmuls run
 natively, float32 elsewhere) and says which and why on its first line; ``--dtype auto`` is passed through to
 SGLang (the checkpoint's own dtype). ``--tp-size N`` and ``--disaggregation-mode prefill|decode`` get the CPU

@@ -37,6 +37,22 @@ def test_launcher_adds_the_hybrid_flags_for_a_hybrid_model(tmp_path):
     assert "--disable-overlap-schedule" not in cpu_flags(["--model-path", str(dense)])
 
 
+def test_launcher_gives_a_long_cpu_prefill_time_before_the_watchdog_stops_the_server():
+    """SGLang's scheduler watchdog kills the server when one forward runs past ``--watchdog-timeout`` (300 s
+    by default); one 32K prefill on two CPU cores ran past that. The launcher and the CPU engines give it an
+    hour unless the caller sets it."""
+    import inspect
+
+    from sglang.srt.server_args import ServerArgs
+
+    stock = inspect.signature(ServerArgs).parameters["watchdog_timeout"].default
+    argv = cpu_flags(["--model-path", "m"])
+    assert float(argv[argv.index("--watchdog-timeout") + 1]) >= 3600 > stock
+    assert CPU_SERVER_ARGS["watchdog_timeout"] >= 3600
+    mine = cpu_flags(["--model-path", "m", "--watchdog-timeout", "60"])
+    assert mine.count("--watchdog-timeout") == 1 and mine[mine.index("--watchdog-timeout") + 1] == "60"
+
+
 def test_server_cli_args_match_the_launcher():
     assert "--sleep-on-idle" in server_cli_args() and CPU_SERVER_ARGS["sleep_on_idle"] is True
 
