@@ -231,7 +231,7 @@ REQUEST_KEYS: tuple[RequestKey, ...] = (
         name="policy",  # the compiled policy's identity goes into the namespace, not its name
         doc="a policy by name: the server's own, or one `--ridgefill-request-policies` allows",
     ),
-    IntKey(name="split", lo=1, hi=1024, in_namespace=True, doc="split layer S (overrides the policy)"),
+    IntKey(name="split", lo=1, hi=1024, in_namespace=True, doc="split layer S (overrides the policy, its splits by prompt length too)"),
     IntKey(name="tail", lo=1, hi=INT32_MAX, in_namespace=True,
            doc="tail length T in tokens (overrides the policy; at most `--ridgefill-max-tail`)"),
     IntKey(name="exact_every", lo=1, hi=INT32_MAX, diagnostic=True, default_doc="off",

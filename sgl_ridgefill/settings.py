@@ -194,7 +194,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="policy", metavar="FILE_OR_NAME",
             help="a `.rfpolicy` file or a shipped policy name (`sgl-ridgefill policy list`)"),
     IntSetting(name="split", minimum=1, metavar="S",
-               help="split layer S; overrides the policy (default: the policy's, else the maps' default split)"),
+               help="split layer S; overrides the policy, its splits by prompt length too (default: the policy's for the "
+                    "prompt's length, else the maps' default split)"),
     IntSetting(name="tail", minimum=1, metavar="T",
                help=f"tail length T in tokens; overrides the policy (default: the policy's, else {DEFAULT_TAIL})"),
     ChoiceSetting(

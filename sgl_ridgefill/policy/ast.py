@@ -165,8 +165,11 @@ class ArmStmt:
 
 @dataclasses.dataclass(frozen=True)
 class SplitStmt:
+    """``split S``, or ``split S from N tokens``: prompts of at least ``N`` tokens run at split ``S``."""
+
     value: Number
     span: Span | None = _span()
+    from_tokens: Number | None = dataclasses.field(default=None, kw_only=True)
     leading: tuple[Comment, ...] = _comments()
     trailing: Comment | None = dataclasses.field(default=None, kw_only=True)
 

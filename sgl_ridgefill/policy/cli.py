@@ -10,7 +10,7 @@ import os
 import sys
 
 from .builtin import builtin_policy_names, resolve_policy_path
-from .compiler import compile_policy
+from .compiler import compile_policy, describe_splits
 from .errors import PolicyError
 from .explain import explain_policy, render_explanation
 from .formatter import format_policy
@@ -35,7 +35,8 @@ def _check(args) -> int:
     # which always compiles against its maps folder (or refuses), decides the split.
     maps = facts.maps_info() if facts else None
     policy = compile_policy(load_policy(_resolve_file(args.file)), maps=maps, defer_split=maps is None)
-    split = f"split {policy.split}" if policy.split is not None else "split from the maps folder (not checked without --maps)"
+    base = policy.split if policy.split is not None else "from the maps folder (not checked without --maps)"
+    split = f"split {describe_splits(base, policy.splits_by_length)}"
     parts = [f"arm {policy.arm}", split, f"tail {policy.tail}", f"cache {policy.cache_mode}"]
     if policy.has_selection():
         parts.append(f"{len(policy.selection.selectors())} selector(s)")

@@ -2,8 +2,10 @@
 and the model, and bind the selection. Everything the runtime needs is decided here, once per policy.
 
 Defaults: ``arm ridgefill``; ``split`` from the maps folder's default; ``tail 1024``; ``cache auto``;
-no selection, no corrections. Serving needs a split, written or from the maps folder; ``policy check``
-without ``--maps`` leaves a maps-folder split unresolved (``defer_split``) and checks the rest.
+no selection, no corrections. ``split S from N tokens`` lines give prompts of at least ``N`` tokens
+another split; the selection is bound against the smallest split the policy can run at. Serving needs
+a split, written or from the maps folder; ``policy check`` without ``--maps`` leaves a maps-folder
+split unresolved (``defer_split``) and checks the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ class CompiledPolicy:
 
     split: layers ``0..split-1`` run exactly for every row (for ``arm exact`` it is unused: the number
         of layers when known, else the written value or 0). None only when compiled with
-        ``defer_split=True`` and neither the policy nor a maps folder gives one.
+        ``defer_split=True`` and neither the policy nor a maps folder gives one. It is the split of
+        prompts shorter than every ``splits_by_length`` threshold.
+    splits_by_length: ``(tokens, split)`` pairs, ascending, from ``split S from N tokens``: a prompt of
+        at least ``tokens`` tokens runs at ``split`` (the largest threshold it reaches wins); see
+        :meth:`split_for`.
     tail: the last ``tail`` prompt rows run every layer exactly (default 1024).
     requirements: statistics the runtime computes before calling ``select``.
     identity: short hash of the canonical policy (comments excluded) and the resolved split and tail;
@@ -59,7 +65,16 @@ class CompiledPolicy:
     needs_tokens: bool = False
     needs_token_counts: bool = False
     warnings: tuple[str, ...] = ()
+    splits_by_length: tuple[tuple[int, int], ...] = ()
     source: ast.PolicyAst | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def split_for(self, prompt_tokens: int | None) -> int | None:
+        """The split a prompt of ``prompt_tokens`` tokens runs at (``None``: length unknown, the base split)."""
+        split = self.split
+        for tokens, longer in self.splits_by_length:
+            if prompt_tokens is not None and prompt_tokens >= tokens:
+                split = longer
+        return split
 
     def has_selection(self) -> bool:
         """Whether the policy computes any prefix rows exactly (besides the tail)."""
@@ -70,6 +85,12 @@ class CompiledPolicy:
         if self.selection is None:
             return empty_rows()
         return self.selection.select(inputs)
+
+
+def describe_splits(base, by_length: tuple[tuple[int, int], ...]) -> str:
+    """``12``, or ``12 (14 from 12288 tokens)``: a base split and the ``(tokens, split)`` pairs of a schedule."""
+    longer = ", ".join(f"{split} from {tokens} tokens" for tokens, split in by_length)
+    return f"{base} ({longer})" if longer else str(base)
 
 
 class _Compiler:
@@ -86,7 +107,7 @@ class _Compiler:
     def statements(self) -> dict[type, ast.Statement]:
         found: dict[type, ast.Statement] = {}
         for stmt in self.policy.statements:
-            if isinstance(stmt, ast.CorrectStmt):
+            if isinstance(stmt, ast.CorrectStmt) or (isinstance(stmt, ast.SplitStmt) and stmt.from_tokens is not None):
                 continue
             if type(stmt) in found:
                 first = found[type(stmt)].span
@@ -131,6 +152,9 @@ class _Compiler:
                 f"split is not set and there is no maps folder to take a default from; add a line such as "
                 f"`split {layers // 2 if layers else 12}`"
             )
+        return self.split_value(stmt, arm, layers)
+
+    def split_value(self, stmt: ast.SplitStmt, arm: str, layers: int | None) -> int:
         split = self.whole("split", stmt.value)
         span = stmt.value.span
         if split < 1:
@@ -142,6 +166,27 @@ class _Compiler:
             noun = "split" if len(self.maps.splits) == 1 else "splits"
             raise self.fail(f"split {split} has no maps in the maps folder, which has {noun} {have}", span)
         return split
+
+    def splits_by_length(self, arm: str, layers: int | None) -> tuple[tuple[int, int], ...]:
+        """The ``split S from N tokens`` lines as ``(N, S)``, ascending in ``N``."""
+        seen: dict[int, ast.SplitStmt] = {}
+        for stmt in self.policy.statements:
+            if not isinstance(stmt, ast.SplitStmt) or stmt.from_tokens is None:
+                continue
+            if arm == "exact":
+                raise self.fail("arm exact runs every layer exactly for every prompt: a split by prompt length has "
+                                 "nothing to choose", stmt.span)
+            lit = stmt.from_tokens
+            if not isinstance(lit, ast.IntLit):
+                raise self.fail(f"a split's prompt length must be a whole number, got {format_literal(lit)}", lit.span)
+            if lit.value < 1:
+                raise self.fail(f"a split's prompt length must be at least 1 token, got {lit.value}", lit.span)
+            if lit.value in seen:
+                first = seen[lit.value].span
+                where = f" (first at line {first.line})" if first is not None else ""
+                raise self.fail(f"split from {lit.value} tokens is set twice{where}", stmt.span)
+            seen[lit.value] = stmt
+        return tuple((tokens, self.split_value(stmt, arm, layers)) for tokens, stmt in sorted(seen.items()))
 
     def tail(self, stmt: ast.TailStmt | None) -> int:
         if stmt is None:
@@ -207,9 +252,15 @@ class _Compiler:
         layers = self.num_layers()
         arm = self.arm(found.get(ast.ArmStmt))
         split = self.split(found.get(ast.SplitStmt), arm, layers)
+        by_length = self.splits_by_length(arm, layers)
+        # The selection and corrections must hold at every split a request can run at: the smallest binds.
+        known = [s for s in (split, *(s for _, s in by_length)) if s is not None]
+        lowest = min(known) if split is not None else None  # a deferred base split could be the smallest
         tail = self.tail(found.get(ast.TailStmt))
         cache = self.cache(found.get(ast.CacheStmt))
-        rescale, terminal = self.corrections(arm, split, tail)
+        for other in sorted(set(known) - {lowest}):
+            self.corrections(arm, other, tail)
+        rescale, terminal = self.corrections(arm, lowest, tail)
         selection = None
         select = found.get(ast.SelectStmt)
         if select is not None:
@@ -217,7 +268,7 @@ class _Compiler:
                 raise self.fail("arm exact computes every row exactly, so select has nothing to choose", select.span)
             context = BindContext(
                 arm=arm,
-                split=split,
+                split=lowest,
                 tail=tail,
                 num_layers=layers,
                 attention_layers=self.model.attention_layers if self.model is not None else None,
@@ -239,6 +290,7 @@ class _Compiler:
             needs_tokens=any(s.needs_tokens for s in selectors),
             needs_token_counts=any(s.needs_token_counts for s in selectors),
             warnings=self.warnings(arm, split, layers, selection, cache),
+            splits_by_length=by_length,
             source=self.policy,
         )
 

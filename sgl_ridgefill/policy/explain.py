@@ -59,7 +59,7 @@ def explain_policy(policy: CompiledPolicy, *, tokens: int, num_layers: int, maps
         raise ValueError(f"explain: --tokens must be at least 1, got {tokens}")
     if num_layers < 1:
         raise ValueError(f"explain: the model must have at least 1 layer, got {num_layers}")
-    split = num_layers if policy.arm == "exact" else min(policy.split, num_layers)
+    split = num_layers if policy.arm == "exact" else min(policy.split_for(tokens), num_layers)
     tail = min(policy.tail, tokens)
     prefix = tokens - tail
     kept = split / num_layers

@@ -74,7 +74,8 @@ def _statement_lines(stmt: ast.Statement) -> list[str]:
     if isinstance(stmt, ast.CacheStmt):
         return [f"cache {stmt.value}"]
     if isinstance(stmt, ast.SplitStmt):
-        return [f"split {format_literal(stmt.value)}"]
+        length = "" if stmt.from_tokens is None else f" from {format_literal(stmt.from_tokens)} tokens"
+        return [f"split {format_literal(stmt.value)}{length}"]
     if isinstance(stmt, ast.TailStmt):
         return [f"tail {format_literal(stmt.value)}"]
     if isinstance(stmt, ast.CorrectStmt):

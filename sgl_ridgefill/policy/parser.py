@@ -117,7 +117,9 @@ class _AstBuilder(Transformer_NonRecursive):
         return ast.CacheStmt(str(children[0]), self._span(meta), _token_span(children[0], self.filename))
 
     def split(self, meta, children):
-        return ast.SplitStmt(self._number(children[0]), self._span(meta))
+        value, *length = children  # ``from N tokens`` gives the second NUMBER
+        return ast.SplitStmt(self._number(value), self._span(meta),
+                             from_tokens=self._number(length[0]) if length else None)
 
     def tail(self, meta, children):
         return ast.TailStmt(self._number(children[0]), self._span(meta))

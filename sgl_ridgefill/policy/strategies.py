@@ -61,7 +61,13 @@ def _stmt(cls, *fields):
 
 statements = st.one_of(
     _stmt(ast.ArmStmt, st.one_of(st.sampled_from(["ridgefill", "identity", "nofill", "exact"]), identifiers)),
-    _stmt(ast.SplitStmt, st.one_of(st.integers(-3, 70).map(ast.IntLit), numbers)),
+    st.builds(
+        lambda value, length, leading, trailing: ast.SplitStmt(value, from_tokens=length, leading=leading, trailing=trailing),
+        st.one_of(st.integers(-3, 70).map(ast.IntLit), numbers),
+        st.one_of(st.none(), st.integers(-1, 200_000).map(ast.IntLit), numbers),
+        comments,
+        trailing,
+    ),
     _stmt(ast.TailStmt, st.one_of(st.integers(-3, 9000).map(ast.IntLit), numbers)),
     _stmt(ast.CacheStmt, st.one_of(st.sampled_from(["no_insert", "namespace"]), identifiers)),
     _stmt(ast.CorrectStmt, calls),
@@ -88,7 +94,7 @@ policies = st.builds(
 # ----------------------------------------------------------------------------- texts
 PIECES = [
     "policy", '"p"', "{", "}", "arm", "ridgefill", "exact", "split", "tail", "cache", "select", "budget", "reserve",
-    "up", "to", "plus", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
+    "up", "to", "plus", "from", "tokens", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
     "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
 ]
 

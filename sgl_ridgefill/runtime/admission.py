@@ -1,11 +1,12 @@
 """Admission: what one request runs, decided when SGLang creates it, from its parameters and the server's.
 
 Precedence, per setting: the request's value, else the policy the request named, else the server flag,
-else the server's policy, else the default. The operator bounds what a request may ask for: with
-``--ridgefill-arm exact`` every request runs exactly whatever it asks; the diagnostic keys and control
-arms need ``--ridgefill-diagnostics``; a request may name only the policies ``--ridgefill-request-policies``
-allows; ``--ridgefill-max-tail`` caps ``tail``. Anything that only the final prompt decides (its length
-against the tail, prompt logprobs) is decided when the request is bound to that prompt (``state.py``).
+else the server's policy, else the default; a policy's split is the one for the prompt's length (``split S
+from N tokens``). The operator bounds what a request may ask for: with ``--ridgefill-arm exact`` every
+request runs exactly whatever it asks; the diagnostic keys and control arms need
+``--ridgefill-diagnostics``; a request may name only the policies ``--ridgefill-request-policies`` allows;
+``--ridgefill-max-tail`` caps ``tail``. Anything that only the final prompt decides (its length against
+the tail, prompt logprobs) is decided when the request is bound to that prompt (``state.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from ..config import ServerConfig
 from ..vocabulary import DEFAULT_ARM, DEFAULT_CACHE_MODE, DEFAULT_TAIL
 from ..request_schema import RequestParamError, parse_request_params, refuse_diagnostics
+from ..policy.compiler import describe_splits
 from .plan import RequestPlan, reselection_blocker
 
 NOFILL_UNDER_PD = (
@@ -103,10 +105,15 @@ class RequestFacts:
     """What admission needs to know about the request besides its RidgeFill parameters."""
 
     unsupported: str | None = None  # input_embeds, multimodal input, hidden states, ...
+    # The prompt's length, which a policy's split may depend on: the request's own input ids. For a turn of an
+    # SGLang session that is the new turn alone; SGLang joins the history when it builds the request, after
+    # the plan (and its cache namespace) is fixed.
+    prompt_tokens: int | None = None
 
     @classmethod
     def of(cls, recv_req: Any) -> "RequestFacts":
         """The facts of SGLang's tokenized request ``recv_req``."""
+        ids = getattr(recv_req, "input_ids", None)
         unsupported = None
         if getattr(recv_req, "input_embeds", None) is not None:
             unsupported = "input_embeds"
@@ -114,7 +121,7 @@ class RequestFacts:
             unsupported = "multimodal input"
         elif getattr(recv_req, "return_hidden_states", False):
             unsupported = "return_hidden_states"
-        return cls(unsupported=unsupported)
+        return cls(unsupported=unsupported, prompt_tokens=len(ids) if ids is not None else None)
 
 
 class Admitter:
@@ -132,17 +139,52 @@ class Admitter:
         own = self.policy.name if self.policy is not None else None
         return {name: p for name, p in sorted(self.policies.items()) if self.config.allows_policy(name, own)}
 
-    def effective(self, name: str, params: Any = None, named: Any = None) -> Any:
+    def effective(self, name: str, params: Any = None, named: Any = None, prompt_tokens: int | None = None) -> Any:
         """The value of plan field ``name`` a request runs with: the request's own (``params``), else the policy
         it named (``named``, which then stands in for the server's settings), else the server flag, else the
-        server's policy, else the default (``split``: the maps' default). With no request, what a request that
-        sets nothing runs with: the startup line reports this."""
+        server's policy, else the default (``split``: the maps' default). A policy's split is the one for a
+        prompt of ``prompt_tokens`` tokens (``None``: its base split). With no request, what a request that sets
+        nothing runs with: the startup line reports this."""
         sources = (params, named) if named is not None else (params, self.config, self.policy)
         for source in sources:
-            value = getattr(source, name, None) if source is not None else None
+            if source is None:
+                continue
+            by_length = name == "split" and hasattr(source, "split_for")
+            value = source.split_for(prompt_tokens) if by_length else getattr(source, name, None)
             if value is not None:
                 return value
         return self.facts.default_split if name == "split" else PLAN_DEFAULTS.get(name)
+
+    def _split_schedule(self) -> tuple[tuple[int, int], ...]:
+        """The server policy's ``(tokens, split)`` pairs a request that sets nothing can reach (none when the
+        ``--ridgefill-split`` flag decides)."""
+        if self.config.split is not None or self.policy is None:
+            return ()
+        return self.policy.splits_by_length
+
+    def split_summary(self) -> str:
+        """The split a request that sets nothing runs with, as the startup line shows it."""
+        return describe_splits(self.effective("split"), self._split_schedule())
+
+    def check_server_policy(self) -> None:
+        """Refuse (``RequestParamError``, which stops the server) a server policy that some prompt would run
+        at a split this server cannot serve: without maps for it, or with a selection that cannot run there."""
+        policy = self.policy
+        if policy is None:
+            return
+        fills = self.effective("arm") == "ridgefill"
+        for tokens, split in [(None, self.effective("split")), *self._split_schedule()]:
+            if split is None:
+                continue
+            unmapped = split < self.facts.num_layers and split not in self.facts.maps_splits
+            if tokens is not None and fills and unmapped:
+                raise RequestParamError(
+                    f"policy {policy.name!r} runs prompts of at least {tokens} tokens at split {split}, but the maps "
+                    f"folder has splits {list(self.facts.maps_splits)}; fit it with `sgl-ridgefill calibrate --splits "
+                    f"{','.join(str(s) for s in sorted({*self.facts.maps_splits, split}))}`"
+                )
+            if policy.has_selection():
+                self.check_policy(policy, split)
 
     def default_cache_mode(self) -> str:
         """The cache mode a request that sets nothing runs with (the startup line), by the one resolution
@@ -188,7 +230,7 @@ class Admitter:
         policy = named or self.policy
 
         def pick(name: str):
-            return self.effective(name, params, named)
+            return self.effective(name, params, named, request.prompt_tokens)
 
         arm = pick("arm") or "ridgefill"
         if arm == "exact":

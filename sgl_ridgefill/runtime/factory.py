@@ -186,9 +186,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         terminal_offsets=recurrent.entries if recurrent is not None else (),
     )
     admitter = Admitter(config, facts, policy=server_policy, policies=policies)
-    server_split = admitter.effective("split")
-    if server_policy is not None and server_policy.has_selection() and server_split is not None:
-        admitter.check_policy(server_policy, server_split)  # a bad server policy stops the server here
+    admitter.check_server_policy()  # a bad server policy stops the server here
     engine = resolved.read(runner)  # the settings SGLang resolved, not the raw flags
     chunk = engine.chunk
     logger.info("RidgeFill reads SGLang's resolved settings: chunk=%s kv_cache=%s model=%s page_size=%d prefill_backend=%s",
@@ -223,7 +221,7 @@ def build_runtime(runner: Any, config: ServerConfig) -> RidgeFillRuntime | None:
         streamed,
         "" if tp is None else f" on TP rank {tp.rank} of {tp.size} (maps replicated: this much on every rank)",
         server_policy.name if server_policy is not None else "-", admitter.effective("arm"),
-        admitter.effective("split"), admitter.effective("tail"),
+        admitter.split_summary(), admitter.effective("tail"),
         admitter.default_cache_mode(),
         "on" if config.diagnostics else "off",
         rt.slicer.rows or "(SGLang's chunks)",
@@ -320,10 +318,7 @@ def check_backends(rt: RidgeFillRuntime, runner: Any) -> None:
             page = getattr(row_query_backend(backend), "page_size", None)
             hiding = f"the attention backend cannot hide keys from a pass at page size {page} (use --page-size 1)"
         rt.admitter.facts = replace(rt.admitter.facts, nofill_refusal=refusal, visible_keys_refusal=hiding)
-        policy = rt.admitter.policy
-        split = rt.admitter.effective("split")
-        if policy is not None and policy.has_selection() and split is not None:
-            rt.admitter.check_policy(policy, split)  # a server policy this backend cannot run stops the server
+        rt.admitter.check_server_policy()  # a server policy this backend cannot run stops the server
     if rt.disabled is not None:
         logger.warning("RidgeFill is off in this process (every request runs exact prefill): %s", rt.disabled)
         return

@@ -108,6 +108,18 @@ def test_explain_numbers_by_hand():
     assert short.tail_rows == 1000 and short.r == pytest.approx(1.0) and short.exact_rows == 0
 
 
+def test_check_and_explain_show_a_split_by_prompt_length(capsys, tmp_path):
+    path = tmp_path / "long.rfpolicy"
+    path.write_text('policy "long" { split 12 split 16 from 8192 tokens }')
+    code, out, _ = run(capsys, "check", str(path))
+    assert code == 0 and ", split 12 (16 from 8192 tokens), " in out
+    policy = compile_policy(load_policy(str(path)))
+    assert explain_policy(policy, tokens=8191, num_layers=32).split == 12
+    assert explain_policy(policy, tokens=8192, num_layers=32).split == 16
+    code, out, _ = run(capsys, "explain", str(path), "--tokens", "16384", "--layers", "32")
+    assert code == 0 and "split 16 of 32 layers" in out
+
+
 def test_explain_output(capsys, tmp_path):
     code, out, _ = run(capsys, "explain", ROWS, "--tokens", "16384", "--layers", "32")
     assert code == 0

@@ -42,8 +42,8 @@ def test_misspelt_keyword_gets_a_suggestion():
 
 def test_unexpected_end_of_file():
     assert error('policy "p" {\n  split 12\n') == (
-        "p.rfpolicy:2:11: error: unexpected end of file; expected one of 'arm', 'cache', 'correct', 'select', "
-        "'split', 'tail', '}'\n"
+        "p.rfpolicy:2:11: error: unexpected end of file; expected one of 'arm', 'cache', 'correct', 'from', "
+        "'select', 'split', 'tail', '}'\n"
         "   2 |   split 12\n"
         "     |           ^"
     )

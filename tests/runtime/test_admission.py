@@ -246,3 +246,37 @@ def test_a_selection_that_reads_sentences_needs_the_servers_tokenizer():
         admitter.check_policy(sentences, 12)
     _admitter(ServerFacts(num_layers=24, maps_splits=(12, 16), maps_id="m", default_split=12,
                           has_tokenizer=True)).check_policy(sentences, 12)
+
+
+LONG = _policy('policy "long" { split 12 split 16 from 8192 tokens tail 1024 select attention_topk(q=64, share=10%) }')
+
+
+def test_a_length_schedule_picks_each_prompts_split_below_the_request_and_the_flag():
+    admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=LONG)
+    assert [plan(admitter, None, prompt_tokens=n).split for n in (4096, 8191, 8192, 30000)] == [12, 12, 16, 16]
+    assert plan(admitter, None).split == 12  # length unknown: the base split
+    assert plan(admitter, {"split": 12}, prompt_tokens=30000).split == 12  # the request's own value wins
+    flagged = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", split=12), FACTS, policy=LONG)
+    assert plan(flagged, None, prompt_tokens=30000).split == 12  # so does the server flag
+    # Different splits fill different KV: the namespaces differ.
+    assert plan(admitter, None, prompt_tokens=4096).namespace != plan(admitter, None, prompt_tokens=30000).namespace
+
+
+def test_a_server_policy_is_checked_at_every_split_of_its_schedule():
+    facts = ServerFacts(num_layers=24, maps_splits=(12,), maps_id="m", default_split=12)
+    admitter = Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), facts, policy=LONG)
+    with pytest.raises(RequestParamError, match=r"policy 'long' runs prompts of at least 8192 tokens at split 16, "
+                                                r"but the maps folder has splits \[12\]"):
+        admitter.check_server_policy()
+    Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=LONG).check_server_policy()
+    assert Admitter(ServerConfig(prefill_backend="ridgefill", maps="m"), FACTS, policy=LONG).split_summary() == \
+        "12 (16 from 8192 tokens)"
+    assert _admitter().split_summary() == "16"
+    assert Admitter(ServerConfig(prefill_backend="ridgefill", maps="m", split=12), FACTS, policy=LONG).split_summary() == "12"
+
+
+def test_request_facts_count_the_prompt():
+    class Recv:
+        input_ids = list(range(300))
+
+    assert RequestFacts.of(Recv()).prompt_tokens == 300
