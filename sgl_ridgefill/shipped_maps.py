@@ -18,11 +18,11 @@ SHIPPED_ROOT = pathlib.Path(__file__).resolve().parent / "demo_maps"
 
 @dataclasses.dataclass(frozen=True)
 class ShippedMaps:
-    """One shipped folder: the model (a ``sgl-ridgefill model`` name) and split it serves, and how it was
-    fitted (recorded in its manifest too)."""
+    """One shipped folder: the model (a ``sgl-ridgefill model`` name) and the splits it serves (the first is
+    its default), and how it was fitted (recorded in its manifest too)."""
 
     model: str
-    split: int
+    splits: tuple[int, ...]
     folder: str
     quant: str = "int8"
     corpus: str = "builtin"
@@ -34,14 +34,15 @@ class ShippedMaps:
 
 
 SHIPPED: tuple[ShippedMaps, ...] = (
-    ShippedMaps("qwen2.5-coder-0.5b", 12, "qwen2.5-coder-0.5b-s12"),
+    # Split 14 serves the long prompts of the qwen2.5-0.5b-rows policy (``split 14 from 12288 tokens``).
+    ShippedMaps("qwen2.5-coder-0.5b", (12, 14), "qwen2.5-coder-0.5b-s12"),
 )
 
 
 def shipped_maps(model: str, split: int) -> ShippedMaps | None:
     """The shipped maps of ``model`` at ``split`` whose folder is installed, else ``None``."""
     for entry in SHIPPED:
-        if entry.model == model and entry.split == split and (entry.path / "manifest.json").is_file():
+        if entry.model == model and split in entry.splits and (entry.path / "manifest.json").is_file():
             return entry
     return None
 
@@ -84,12 +85,15 @@ def check_fit(maps_dir: pathlib.Path, model_dir: pathlib.Path, *, fingerprints=N
 
 
 def describe(manifest) -> str:
-    """``int8, split 12, 200K tokens of builtin, fitted in bfloat16``: how a maps folder was fitted."""
+    """``int8, split 12 (also 14), 200K tokens of builtin, fitted in bfloat16``: how a maps folder was fitted
+    (its default split first)."""
     calibration = manifest.get("calibration") or {}
     split = manifest.get("default_split")
+    others = sorted(int(s) for s in (manifest.get("splits") or {}) if str(s).isdigit() and int(s) != split)
+    also = f" (also {', '.join(str(s) for s in others)})" if others else ""
     quant = (manifest.get("splits") or {}).get(str(split), {}).get("quant", "?")
     corpus = (calibration.get("corpus") or {}).get("name", "?")
     tokens = calibration.get("tokens")
     dtype = manifest.get("calibration_dtype") or calibration.get("dtype") or "?"
     amount = f"{tokens / 1000:.0f}K tokens" if isinstance(tokens, int) else "? tokens"
-    return f"{quant}, split {split}, {amount} of {corpus}, fitted in {dtype}"
+    return f"{quant}, split {split}{also}, {amount} of {corpus}, fitted in {dtype}"

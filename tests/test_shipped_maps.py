@@ -19,31 +19,34 @@ QWEN = "qwen2.5-coder-0.5b"
 
 def test_the_demo_model_has_shipped_maps_and_they_are_package_data():
     entry = shipped_maps(QWEN, 12)
-    assert entry is not None and entry in SHIPPED
+    assert entry is not None and entry in SHIPPED and shipped_maps(QWEN, 14) == entry  # the rows policy's long prompts
     assert shipped_maps(QWEN, 6) is None and shipped_maps("smollm2-135m", 12) is None
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"sgl_ridgefill" = ["demo_maps/*/*.json", "demo_maps/*/*.safetensors"' in pyproject
     assert entry.path.parent == REPO / "sgl_ridgefill" / "demo_maps"
     files = {p.name for p in entry.path.iterdir()}
-    assert {"manifest.json", "maps-split12.safetensors", "token_counts.safetensors"} <= files
-    assert sum(p.stat().st_size for p in entry.path.iterdir()) < 12 * 2**20
+    assert {"manifest.json", "maps-split12.safetensors", "maps-split14.safetensors", "token_counts.safetensors"} <= files
+    assert sum(p.stat().st_size for p in entry.path.iterdir()) < 21 * 2**20
 
 
 def test_shipped_maps_are_intact_and_fitted_as_the_demo_fits_them():
     entry = shipped_maps(QWEN, 12)
     folder = load_maps(entry.path)  # sha256 of every file against the manifest
     manifest = folder.manifest
-    assert folder.splits == (12,) and folder.quant(12) == "int8" == entry.quant
+    assert folder.splits == entry.splits == (12, 14) and folder.default_split == 12
+    assert folder.quant(12) == folder.quant(14) == "int8" == entry.quant
     assert folder.num_layers == 24 and folder.d_in == folder.d_out == 896
     assert folder.calibration_dtype in ("bfloat16", "float32")
     calibration = manifest["calibration"]
     assert calibration["tokens"] >= entry.tokens == 200_000
     assert {s["name"] for s in calibration["corpus"]["sources"]} == {"kjv", "python-docs", "python-stdlib"}
     assert manifest["model"]["layers"]["count"] == 24 and manifest["tokenizer"] is not None
-    scores = manifest["splits"]["12"]["heldout"]
-    assert scores["mean_r2"] > scores["mean_r2_identity"]
+    for split in ("12", "14"):
+        scores = manifest["splits"][split]["heldout"]
+        assert scores["mean_r2"] > scores["mean_r2_identity"]
     assert describe(manifest) == (
-        f"int8, split 12, {calibration['tokens'] / 1000:.0f}K tokens of builtin, fitted in {folder.calibration_dtype}"
+        f"int8, split 12 (also 14), {calibration['tokens'] / 1000:.0f}K tokens of builtin, fitted in "
+        f"{folder.calibration_dtype}"
     )
 
 

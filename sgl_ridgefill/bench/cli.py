@@ -11,8 +11,9 @@ The server must run ``--prefill-backend ridgefill`` (requests switch per request
 this CPU (``sgl_ridgefill.cpu.launch_server``) and stops it at the end. With ``--ridgefill-policy`` the
 RidgeFill arm runs that policy (``--serve`` starts the server with it; against ``--url`` a shipped policy is
 asked for per request, which the server must allow with ``--ridgefill-request-policies``), its split and tail
-feed the bounds, and a policy that selects exact rows is measured beside the bare fill (the same split and
-tail, the shipped policy ``plain``) as a third arm; the FLOP-counted bound of each arm counts the exact rows
+feed the bounds (a split by prompt length, ``split S from N tokens``: each length's own), and a policy that
+selects exact rows is measured beside the bare fill (the same split and tail at each length, the shipped
+policy ``plain``) as a third arm; the FLOP-counted bound of each arm counts the exact rows
 its responses report and, for the policy, what its selection costs. Prints one line per length and arm and
 writes ``DIR/bench.json`` (with the machine: CPU model, capability, native bfloat16, dtype, threads; and the
 command) and ``DIR/bench.png``; ``{capability}`` and ``{dtype}`` in ``--out`` become the measured ones
@@ -219,6 +220,9 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
         server_info = _server_info(client)
         passes = 1 if server_info.get("device") == "cpu" else 2  # the selection statistics' passes there
         split = args.split or getattr(policy, "split", None) or resolve_split(None, args.ridgefill_maps)
+        # A policy's split by prompt length: the server runs each length at its own split (unless --split).
+        by_length = {n: policy.split_for(n) for n in args.lengths} if (
+            policy is not None and policy.splits_by_length and args.split is None) else {}
         tail = args.tail or getattr(policy, "tail", None) or DEFAULT_TAIL
         rf_params, bare = dict(args.rf_params), None
         if policy is not None:
@@ -230,9 +234,9 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
             lengths=tuple(args.lengths), vocab_size=dims.vocab_size, pairs=args.pairs, split=split, tail=tail,
             exact_fraction=args.exact_fraction, rf_params=rf_params, seed=args.seed,
             warmup=args.warmup, flush=args.flush, stream=args.stream, map_kind=resolve_map_kind(args.ridgefill_maps),
-            bare_params=bare, policy=args.ridgefill_policy,
-            selector_flops={n: selector_flops(policy, dims, n, split, tail, passes=passes) for n in args.lengths}
-            if policy else {},
+            bare_params=bare, policy=args.ridgefill_policy, splits_by_length=by_length,
+            selector_flops={n: selector_flops(policy, dims, n, by_length.get(n, split), tail, passes=passes)
+                            for n in args.lengths} if policy else {},
         )
         for n in config.lengths:
             config.shape(n)  # bounds inputs checked before any request is sent
@@ -267,7 +271,7 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
     report["machine"] = machine
     report["command"] = command_line(args)
     write_json(out / JSON_NAME, report)
-    title = f"{pathlib.Path(str(info.get('model_path', ''))).name}  S={config.bound_split} T={config.bound_tail}  {folder_name(machine)}"
+    title = f"{pathlib.Path(str(info.get('model_path', ''))).name}  S={config.split_label} T={config.bound_tail}  {folder_name(machine)}"
     plot(out / PNG_NAME, records, summaries, title=title)
     print(f"wrote {out / JSON_NAME} and {out / PNG_NAME}")
     return 0

@@ -92,12 +92,16 @@ def section(name: str, report: Mapping[str, Any]) -> str:
     model = report.get("model") or {}
     server = report.get("server") or {}
     model_name = pathlib.Path(str(server.get("model_path") or "")).name or "model"
+    by_length = {int(n): s for n, s in (config.get("splits_by_length") or {}).items()}
+    split = config.get("split")
+    if any(s != split for s in by_length.values()):
+        split = f"{split} ({', '.join(f'{s} at {n:,} tokens' for n, s in sorted(by_length.items()) if s != split)})"
     head = [
         f"## `{name}`",
         "",
         _machine_line(report) + ".",
         "",
-        f"{model_name} ({model.get('num_layers', '?')} layers), S = {config.get('split')}, T = {config.get('tail')}; "
+        f"{model_name} ({model.get('num_layers', '?')} layers), S = {split}, T = {config.get('tail')}; "
         f"median of {config.get('pairs')} pairs per length, exact and RidgeFill alternating on one server, radix cache "
         f"{'flushed before every request' if config.get('flush', True) else 'not flushed'}.",
     ]

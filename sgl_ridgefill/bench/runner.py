@@ -44,7 +44,9 @@ class CpuProbe(Protocol):
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
     (``{}``: the server's settings); ``split``/``tail``/``exact_fraction`` only feed the bounds, unless
-    ``rf_params`` sets ``split``/``tail``, which then win; ``map_kind`` (the maps' kind) prices the fill.
+    ``rf_params`` sets ``split``/``tail``, which then win; ``splits_by_length`` (``{length: split}``) is the
+    split a policy's ``split S from N tokens`` runs each length at (the bounds and the bare fill follow it);
+    ``map_kind`` (the maps' kind) prices the fill.
     ``bare_params``: the bare fill's ``custom_params["ridgefill"]``, a third arm beside a policy with rows
     (``None``: no such arm); ``selector_flops``: what the RidgeFill arm's selection costs, per prompt length
     (``{length: FLOPs}``), for its FLOP-counted bound. The bounds of a RidgeFill arm use the exact rows its
@@ -65,6 +67,7 @@ class BenchConfig:
     bare_params: Mapping[str, Any] | None = None
     selector_flops: Mapping[int, float] = dataclasses.field(default_factory=dict)
     policy: str | None = None  # the RidgeFill arm's policy, as named on the command line
+    splits_by_length: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -87,6 +90,15 @@ class BenchConfig:
     def bound_split(self) -> int:
         return int(self.rf_params.get("split") or self.split)
 
+    def split_at(self, length: int) -> int:
+        """The split the RidgeFill arm runs a ``length``-token prompt at."""
+        return int(self.rf_params.get("split") or self.splits_by_length.get(length) or self.split)
+
+    @property
+    def split_label(self) -> str:
+        """``12``, or ``12/14`` when the split changes with the length (in the order of the lengths)."""
+        return "/".join(dict.fromkeys(str(self.split_at(n)) for n in (self.lengths or (0,))))
+
     @property
     def bound_tail(self) -> int:
         return int(self.rf_params.get("tail") or self.tail)
@@ -98,13 +110,19 @@ class BenchConfig:
     def shape(self, length: int, exact_rows: int | None = None) -> RidgeFillShape:
         tail = min(self.bound_tail, length)
         exact = int(round(self.exact_fraction * (length - tail))) if exact_rows is None else exact_rows
-        return RidgeFillShape(num_tokens=length, split=self.bound_split, tail=self.bound_tail, exact_rows=exact,
+        return RidgeFillShape(num_tokens=length, split=self.split_at(length), tail=self.bound_tail, exact_rows=exact,
                               map_kind=self.map_kind)
 
-    def arm_params(self, arm: str) -> dict[str, Any]:
+    def arm_params(self, arm: str, length: int | None = None) -> dict[str, Any]:
+        """An arm's ``custom_params``; the bare fill's split follows the RidgeFill arm's at ``length``."""
         if arm == EXACT:
             return EXACT_PARAMS
-        return {"ridgefill": dict(self.bare_params if arm == BARE else self.rf_params)}
+        if arm != BARE:
+            return {"ridgefill": dict(self.rf_params)}
+        params = dict(self.bare_params)
+        if length is not None and "split" in params:
+            params["split"] = self.split_at(length)
+        return {"ridgefill": params}
 
 
 def make_prompt(length: int, vocab_size: int, seed: int, pair: int) -> list[int]:
@@ -242,7 +260,7 @@ def run_bench(
         if config.flush:
             client.flush_cache()
         before = cpu_probe.sample() if cpu_probe is not None else None
-        t = client.time_generate(ids, config.arm_params(arm), stream=config.stream)
+        t = client.time_generate(ids, config.arm_params(arm, len(ids)), stream=config.stream)
         cpu = cpu_probe.delta(before, cpu_probe.sample()) if cpu_probe is not None else None
         return t, cpu
 

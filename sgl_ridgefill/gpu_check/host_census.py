@@ -51,13 +51,13 @@ class CensusRequest:
     tail: int = TAIL
 
 
-def requests(layers: int, policies: dict[str, int | None], *, pairs_only: bool = False) -> list[CensusRequest]:
-    """Every request of the census: the shipped policies (``name -> split``) at their own split with the tail
-    scaled to the tiny prompt, then the pairs."""
+def requests(layers: int, policies: dict[str, tuple[int, ...]], *, pairs_only: bool = False) -> list[CensusRequest]:
+    """Every request of the census: the shipped policies (``name -> splits``, the base split first) at their
+    base split with the tail scaled to the tiny prompt, then the pairs."""
     low, high = PAIR_SPLITS[0], layers - PAIR_SPLITS[0]
     out = [] if pairs_only else [
-        CensusRequest(f"policy {name}", {"policy": name, "split": split or low, "tail": TAIL})
-        for name, split in policies.items()
+        CensusRequest(f"policy {name}", {"policy": name, "split": splits[0] if splits else low, "tail": TAIL})
+        for name, splits in policies.items()
     ]
     rows = {"exact_every": 9}
     out += [
@@ -127,7 +127,8 @@ def run_census(out: str | pathlib.Path, *, layers: int = LAYERS, pairs_only: boo
         tmp = pathlib.Path(tmp)
         model = make_tiny_checkpoint(tmp / "model", family="llama", num_layers=layers, hidden_size=HIDDEN)
         policies = {} if pairs_only else _dense_policies(layers)
-        splits = sorted({PAIR_SPLITS[0], layers - PAIR_SPLITS[0], *(s for s in policies.values() if s)})
+        # Every split a policy names has maps, or the server would not take the policy.
+        splits = sorted({PAIR_SPLITS[0], layers - PAIR_SPLITS[0], *(s for named in policies.values() for s in named)})
         maps = _maps(model, tmp / "maps", splits)
         reqs = requests(layers, policies, pairs_only=pairs_only)
         census_file = tmp / "census.jsonl"
@@ -173,9 +174,10 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _dense_policies(layers: int) -> dict[str, int | None]:
-    """Shipped policy -> its split, for the policies a dense model of ``layers`` layers can serve (the
-    terminal-state correction is for hybrid models)."""
+def _dense_policies(layers: int) -> dict[str, tuple[int, ...]]:
+    """Shipped policy -> the splits it names (the base split first, then those by prompt length; none when it
+    takes the maps' default), for the policies a dense model of ``layers`` layers can serve (the terminal-state
+    correction is for hybrid models)."""
     from ..policy import list_builtin_policies, load_policy, resolve_policy_path
     from ..policy.ast import CorrectStmt, SplitStmt
 
@@ -184,9 +186,10 @@ def _dense_policies(layers: int) -> dict[str, int | None]:
         statements = load_policy(resolve_policy_path(name)).statements
         if any(isinstance(s, CorrectStmt) and s.call.name == "terminal_state" for s in statements):
             continue
-        split = next((int(s.value.value) for s in statements if isinstance(s, SplitStmt)), None)
-        if split is None or split < layers:
-            out[name] = split
+        written = [s for s in statements if isinstance(s, SplitStmt)]
+        splits = tuple(int(s.value.value) for s in sorted(written, key=lambda s: s.from_tokens is not None))
+        if all(split < layers for split in splits):
+            out[name] = splits
     return out
 
 

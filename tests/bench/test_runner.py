@@ -254,3 +254,22 @@ def test_a_cpu_servers_selection_counts_its_scores_once(model_dir, tmp_path):
             assert args.func(args) == 0
         flops[device] = json.loads((out / "bench.json").read_text())["config"]["selector_flops"]["8192"]
     assert flops["cpu"] == pytest.approx(flops["cuda"] / 2)
+
+
+def test_a_policy_with_a_split_by_length_is_bounded_and_paired_at_each_lengths_split(model_dir, tmp_path):
+    """``qwen2.5-0.5b-rows`` runs prompts of 12,288 tokens or more at split 14: the bounds at 16K count 14 exact
+    layers, and the bare fill beside it runs at the same split, so the two arms differ only by the rows."""
+    out = tmp_path / "out"
+    with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
+        args = _parse(["--url", fake.url, "--lengths", "8192,16384", "--pairs", "1", "--warmup", "0",
+                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
+        assert args.func(args) == 0
+        gens = fake.generates()
+    bare = [(len(g[2]), g[3]["split"]) for g in gens if g[1] == "bare"]
+    assert bare == [(8192, 12), (16384, 14)]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["config"]["splits_by_length"] == {"8192": 12, "16384": 14}
+    long = next(s for s in report["summary"] if s["arm"] == "ridgefill" and s["length"] == 16384)
+    layers = report["model"]["num_layers"]
+    kept = 14 / layers
+    assert long["layer_bound"] == pytest.approx(1 / (kept + (1 - kept) * (1024 + 1500) / 16384))

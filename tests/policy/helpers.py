@@ -11,7 +11,7 @@ DEPLOYMENTS = {
     "qwen3-8b": (ModelInfo.dense(36, has_qk_norm=True), MapsInfo((13, 18), 13, 36)),
     "qwen3.8-27b": (ModelInfo.hybrid(64, attention_every=4), MapsInfo((16, 24, 32), 16, 64)),
     "qwen3.8-flash-next": (ModelInfo.hybrid(48, attention_every=4), MapsInfo((24,), 24, 48)),
-    "qwen2.5-0.5b": (ModelInfo.dense(24), MapsInfo((6, 12), 12, 24)),
+    "qwen2.5-0.5b": (ModelInfo.dense(24), MapsInfo((6, 12, 14), 12, 24)),
     "qwen2.5-1.5b": (ModelInfo.dense(28), MapsInfo((14,), 14, 28)),
     "plain": (ModelInfo.dense(30), MapsInfo((8, 15), 15, 30)),  # any model: the maps' default split
 }

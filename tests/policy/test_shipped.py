@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sgl_ridgefill.policy import (
@@ -15,6 +17,7 @@ from sgl_ridgefill.policy import (
     resolve_policy_path,
 )
 from sgl_ridgefill.selectors.base import AttentionRequirement, ProbeRequirement
+from sgl_ridgefill.shipped_maps import shipped_maps
 
 from .helpers import deployment_for
 
@@ -83,6 +86,15 @@ def test_the_small_model_rows_policy_pools_its_attention():
     policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=maps, model=model)
     question, tail = policy.selection.selectors()
     assert [(s.kwargs["q"], s.kwargs["share"], s.kwargs["pool"]) for s in (question, tail)] == [(64, 0.10, 8), (1024, 0.05, 8)]
+
+
+def test_the_small_model_rows_policy_runs_long_prompts_at_split_14_and_its_shipped_maps_hold_both_splits():
+    model, maps = deployment_for("qwen2.5-0.5b-rows")
+    policy = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), maps=maps, model=model)
+    # Measured: split 12 at 4K (exact's score), split 14 at 16K (exact's score; split 12 three samples below).
+    assert [policy.split_for(n) for n in (4096, 8192, 12287, 12288, 16384, 32640)] == [12, 12, 12, 14, 14, 14]
+    shipped = json.loads((shipped_maps("qwen2.5-coder-0.5b", 12).path / "manifest.json").read_text())
+    assert {12, 14} <= {int(s) for s in shipped["splits"]} and shipped["default_split"] == 12
 
 
 def test_the_second_small_model_rows_policy_is_the_first_ones_selection_with_a_lexical_reserve():
