@@ -291,6 +291,21 @@ def test_the_selection_layer_runs_read_their_own_layers_below_the_split(tmp_path
         assert all(s.name.startswith("qwen2.5-1.5b-s14-") and s.name != run.name for s in sources)
 
 
+def test_the_first_models_length_runs_measure_the_split_and_selection_its_shipped_policy_makes():
+    from sgl_ridgefill.eval.arms import rows_policy_text
+    from sgl_ridgefill.policy import MapsInfo, ModelInfo, builtin_policy_path, compile_policy, load_policy, parse_policy
+
+    target = {"maps": MapsInfo((6, 12, 14), 12, 24), "model": ModelInfo.dense(24)}
+    shipped = compile_policy(load_policy(builtin_policy_path("qwen2.5-0.5b-rows")), **target)
+    by_name = {r.name: r for r in results.RUNS}
+    for name in ("qwen2.5-0.5b-s14-16k-q", "qwen2.5-0.5b-s14-32k-q"):
+        run = by_name[name]
+        (length,) = run.lengths
+        assert shipped.split_for(length) == run.split and shipped.tail == results.TAIL
+        text = rows_policy_text(run.split, results.TAIL, run.rows_select)
+        assert compile_policy(parse_policy(text, "r.rfpolicy"), **target).selection == shipped.selection
+
+
 def test_the_second_model_at_8k_measures_the_selection_its_shipped_policy_makes():
     from sgl_ridgefill.eval.arms import rows_policy_text
     from sgl_ridgefill.policy import MapsInfo, ModelInfo, builtin_policy_path, compile_policy, load_policy, parse_policy
@@ -319,7 +334,7 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
     group = {r.name: r for r in results.RUNS if r.group == results.LENGTH}
     assert set(group) == {"qwen2.5-0.5b-s12-16k-q", "qwen2.5-0.5b-s12-16k-longdocs-q", "qwen2.5-0.5b-s12-32k-q",
                           "qwen2.5-0.5b-s12-16k-loss-q", "qwen2.5-0.5b-s12-16k-sentence-q", "qwen2.5-0.5b-s14-16k-q",
-                          "qwen2.5-0.5b-s12-16k-lexical-q"}
+                          "qwen2.5-0.5b-s12-16k-lexical-q", "qwen2.5-0.5b-s14-32k-q"}
     # The shipped selection at split 14: its rows arm on the 16K prompts, maps of its own split, the 16K exact arm.
     deeper = group["qwen2.5-0.5b-s14-16k-q"]
     assert deeper.split == 14 and deeper.lengths == (16384,) and deeper.rows_select == results.POOLED_TAIL_ROWS
@@ -359,5 +374,16 @@ def test_the_length_runs_and_maps_fitted_on_long_documents(tmp_path):
     assert long_docs.maps_name() != group["qwen2.5-0.5b-s12-16k-q"].maps_name()
     thirty_two = group["qwen2.5-0.5b-s12-32k-q"].extra
     assert thirty_two[thirty_two.index("--depths") + 1] == "4"  # 2 tasks x 2 haystacks x 2 seeds x (4 + 2) = 48 filled
+    # At 32K the shipped rows policy runs at split 14: exact and the bare fill at split 12 (the rows selection still
+    # recorded, as the run began with a rows arm), the shipped rows at split 14 on the same prompts, paired with them.
+    assert thirty_two[thirty_two.index("--needle-arms") + 1] == "exact,ridgefill"
+    assert thirty_two[thirty_two.index("--rows-select") + 1] == results.POOLED_TAIL_ROWS
+    rows_32k = group["qwen2.5-0.5b-s14-32k-q"]
+    assert (rows_32k.split, rows_32k.lengths, rows_32k.rows_select) == (14, (32640,), results.POOLED_TAIL_ROWS)
+    assert rows_32k.extra[rows_32k.extra.index("--needle-arms") + 1] == "ridgefill+rows"
+    assert rows_32k.extra[rows_32k.extra.index("--depths") + 1] == "4"
+    assert rows_32k.maps_name() == deeper.maps_name()
+    assert results.REPO_DOCS / "results" / "qwen2.5-0.5b-s12-32k-q" in results.exact_sources(
+        rows_32k, results.RUNS, tmp_path / "elsewhere", results.REPO_DOCS)
     with pytest.raises(ValueError, match="calibrate_extra and maps_tag go together"):
         results.Run("x", "m", (12,), 12, (4096,), calibrate_extra=("--doc-tokens", "8192"))
