@@ -149,15 +149,21 @@ def test_pair_order_rotates_three_arms():
     ]
 
 
+def _bench_rows_policy(model_dir, out, lengths: str, *, pairs: int) -> list[tuple]:
+    """``bench --ridgefill-policy qwen2.5-0.5b-rows`` against a fake server whose policy responses report 1,500
+    exact rows; the requests it received."""
+    with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
+        args = _parse(["--url", fake.url, "--lengths", lengths, "--pairs", str(pairs), "--warmup", "0",
+                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
+        assert args.func(args) == 0
+        return fake.generates()
+
+
 def test_a_policy_with_rows_is_measured_beside_the_bare_fill(model_dir, tmp_path):
     """``--ridgefill-policy`` with exact rows: three arms per pair; each arm's FLOP bound counts the exact rows its
     responses report (and the policy's selection), so the policy's bound sits below the bare fill's."""
     out = tmp_path / "out"
-    with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
-        args = _parse(["--url", fake.url, "--lengths", "8192", "--pairs", "3", "--warmup", "0",
-                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
-        assert args.func(args) == 0
-        gens = fake.generates()
+    gens = _bench_rows_policy(model_dir, out, "8192", pairs=3)
     assert [g[1] for g in gens] == ["exact", "bare", "ridgefill", "bare", "ridgefill", "exact", "ridgefill", "exact", "bare"]
     params = {g[1]: g[3] for g in gens}
     assert params["ridgefill"] == {"policy": "qwen2.5-0.5b-rows"}  # asked for per request
@@ -260,11 +266,7 @@ def test_a_policy_with_a_split_by_length_is_bounded_and_paired_at_each_lengths_s
     """``qwen2.5-0.5b-rows`` runs prompts of 12,288 tokens or more at split 14: the bounds at 16K count 14 exact
     layers, and the bare fill beside it runs at the same split, so the two arms differ only by the rows."""
     out = tmp_path / "out"
-    with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
-        args = _parse(["--url", fake.url, "--lengths", "8192,16384", "--pairs", "1", "--warmup", "0",
-                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
-        assert args.func(args) == 0
-        gens = fake.generates()
+    gens = _bench_rows_policy(model_dir, out, "8192,16384", pairs=1)
     bare = [(len(g[2]), g[3]["split"]) for g in gens if g[1] == "bare"]
     assert bare == [(8192, 12), (16384, 14)]
     report = json.loads((out / "bench.json").read_text())
