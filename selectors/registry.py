@@ -22,7 +22,7 @@ T = TypeVar("T")
 # never be called.
 RESERVED_NAMES = frozenset(
     {"policy", "arm", "split", "tail", "select", "budget", "reserve", "up", "to", "plus", "correct", "cache",
-     "top", "size", "true", "false"}
+     "top", "size", "true", "false", "from", "tokens"}
 )
 
 
