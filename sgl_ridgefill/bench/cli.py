@@ -220,11 +220,12 @@ def _measure(args: argparse.Namespace, url: str, *, server_pid: int | None, serv
         server_info = _server_info(client)
         passes = 1 if server_info.get("device") == "cpu" else 2  # the selection statistics' passes there
         split = args.split or getattr(policy, "split", None) or resolve_split(None, args.ridgefill_maps)
-        # A policy's split by prompt length: the server runs each length at its own split (unless --split).
-        by_length = {n: policy.split_for(n) for n in args.lengths} if (
-            policy is not None and policy.splits_by_length and args.split is None) else {}
         tail = args.tail or getattr(policy, "tail", None) or DEFAULT_TAIL
         rf_params, bare = dict(args.rf_params), None
+        # A policy's split by prompt length: the server runs each length at its own split (unless --split, or a
+        # split the requests ask for, decides).
+        by_length = {n: policy.split_for(n) for n in args.lengths} if (
+            policy is not None and policy.splits_by_length and args.split is None and "split" not in rf_params) else {}
         if policy is not None:
             if served is None and "policy" not in rf_params and not pathlib.Path(args.ridgefill_policy).exists():
                 rf_params["policy"] = args.ridgefill_policy  # a shipped policy, asked for per request

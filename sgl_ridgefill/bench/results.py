@@ -92,8 +92,9 @@ def section(name: str, report: Mapping[str, Any]) -> str:
     model = report.get("model") or {}
     server = report.get("server") or {}
     model_name = pathlib.Path(str(server.get("model_path") or "")).name or "model"
-    by_length = {int(n): s for n, s in (config.get("splits_by_length") or {}).items()}
-    split = config.get("split")
+    forced = (config.get("rf_params") or {}).get("split")  # the requests asked for one split: it decides
+    by_length = {} if forced else {int(n): s for n, s in (config.get("splits_by_length") or {}).items()}
+    split = forced or config.get("split")
     if any(s != split for s in by_length.values()):
         split = f"{split} ({', '.join(f'{s} at {n:,} tokens' for n, s in sorted(by_length.items()) if s != split)})"
     head = [

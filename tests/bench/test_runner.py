@@ -9,6 +9,7 @@ import pathlib
 import pytest
 
 from sgl_ridgefill.tools.flops import ModelDims
+from sgl_ridgefill.bench import results as bench_results
 from sgl_ridgefill.bench.cli import add_subparser
 from sgl_ridgefill.tools.client import BenchClient, ServerError
 from sgl_ridgefill.bench.runner import BenchConfig, Record, make_prompt, pair_order, run_bench, summarize
@@ -149,12 +150,12 @@ def test_pair_order_rotates_three_arms():
     ]
 
 
-def _bench_rows_policy(model_dir, out, lengths: str, *, pairs: int) -> list[tuple]:
+def _bench_rows_policy(model_dir, out, lengths: str, *, pairs: int, more: tuple[str, ...] = ()) -> list[tuple]:
     """``bench --ridgefill-policy qwen2.5-0.5b-rows`` against a fake server whose policy responses report 1,500
     exact rows; the requests it received."""
     with FakeServer(str(model_dir), exact_s=0.06, ridgefill_s=0.04, bare_s=0.03, exact_rows=1500) as fake:
         args = _parse(["--url", fake.url, "--lengths", lengths, "--pairs", str(pairs), "--warmup", "0",
-                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out)])
+                       "--ridgefill-policy", "qwen2.5-0.5b-rows", "--out", str(out), *more])
         assert args.func(args) == 0
         return fake.generates()
 
@@ -275,3 +276,10 @@ def test_a_policy_with_a_split_by_length_is_bounded_and_paired_at_each_lengths_s
     layers = report["model"]["num_layers"]
     kept = 14 / layers
     assert long["layer_bound"] == pytest.approx(1 / (kept + (1 - kept) * (1024 + 1500) / 16384))
+    assert "S = 12 (14 at 16,384 tokens)" in bench_results.section("f", report)
+    # A split the requests ask for replaces the schedule, for both filled arms and the bounds.
+    gens = _bench_rows_policy(model_dir, tmp_path / "forced", "16384", pairs=1, more=("--rf-params", '{"split": 12}'))
+    assert {g[3]["split"] for g in gens if g[1] in ("bare", "ridgefill")} == {12}
+    forced = json.loads((tmp_path / "forced" / "bench.json").read_text())
+    assert forced["config"]["splits_by_length"] == {}
+    assert "S = 12, T" in bench_results.section("f", forced)
