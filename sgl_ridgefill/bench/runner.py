@@ -86,10 +86,6 @@ class BenchConfig:
         if not isinstance(self.rf_params, Mapping):
             raise ValueError(f"--rf-params must be a JSON object, got {self.rf_params!r}")
 
-    @property
-    def bound_split(self) -> int:
-        return int(self.rf_params.get("split") or self.split)
-
     def split_at(self, length: int) -> int:
         """The split the RidgeFill arm runs a ``length``-token prompt at."""
         return int(self.rf_params.get("split") or self.splits_by_length.get(length) or self.split)

@@ -362,9 +362,10 @@ RUNS = (
     Run("qwen2.5-0.5b-s14-16k-q", "qwen2.5-coder-0.5b", (14,), 14, (16384,),
         _selection_flags(POOLED_TAIL_ROWS, exact=False), group=LENGTH),
     # Split 14 answered all three right (97.9, exact's score, paired +0.0), at a lower speed bound (1.54x against
-    # 1.73x at 16K); the shipped rows policy now runs prompts of 12,288 tokens or more there. Whether the shipped split can: the needle held in part is the kind of miss the lexical reserve
-    # held whole on the 1.5B at 4K (every prose niah_multikey needle), so the shipped split-12 selection with that
-    # reserve inside its 10 % budget (what qwen2.5-1.5b-rows ships), the rows arm on the 16K run's prompts and maps.
+    # 1.73x at 16K); the shipped rows policy now runs prompts of 12,288 tokens or more there. Whether the shipped
+    # split could have: the needle held in part is the kind of miss the lexical reserve held whole on the 1.5B at
+    # 4K (every prose niah_multikey needle), so the shipped split-12 selection with that reserve inside its 10 %
+    # budget (what qwen2.5-1.5b-rows ships), the rows arm on the 16K run's prompts and maps.
     # Not run yet, and read beforehand from the prompts alone (no model): on the five prompts split 12 or exact
     # answered wrongly, lexical_net nominates the whole needle (21 of 21 rows) and none of the other keys' needles
     # (they share two of the question's words, under its four), while four of those five wrong answers are another

@@ -62,7 +62,8 @@ def _stmt(cls, *fields):
 statements = st.one_of(
     _stmt(ast.ArmStmt, st.one_of(st.sampled_from(["ridgefill", "identity", "nofill", "exact"]), identifiers)),
     st.builds(
-        lambda value, length, leading, trailing: ast.SplitStmt(value, from_tokens=length, leading=leading, trailing=trailing),
+        lambda value, length, leading, trailing: ast.SplitStmt(value, from_tokens=length, leading=leading,
+                                                               trailing=trailing),
         st.one_of(st.integers(-3, 70).map(ast.IntLit), numbers),
         st.one_of(st.none(), st.integers(-1, 200_000).map(ast.IntLit), numbers),
         comments,
@@ -94,8 +95,8 @@ policies = st.builds(
 # ----------------------------------------------------------------------------- texts
 PIECES = [
     "policy", '"p"', "{", "}", "arm", "ridgefill", "exact", "split", "tail", "cache", "select", "budget", "reserve",
-    "up", "to", "plus", "from", "tokens", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]", "12", "5%", "-1",
-    "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
+    "up", "to", "plus", "from", "tokens", "correct", "top", "size", "(", ")", ",", "=", "|", "&", "-", "*", "[", "]",
+    "12", "5%", "-1", "0.5", "1e999", "true", '"x\\"y"', "probe", "digits", "attention_topk", "q", "share", "value_rescale", "c", "#", "\n",
 ]
 
 
