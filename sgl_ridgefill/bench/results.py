@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..tools import args as argtypes
+from .runner import resolve_split
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH_DIR = REPO / "docs" / "bench"
@@ -92,11 +93,12 @@ def section(name: str, report: Mapping[str, Any]) -> str:
     model = report.get("model") or {}
     server = report.get("server") or {}
     model_name = pathlib.Path(str(server.get("model_path") or "")).name or "model"
-    forced = (config.get("rf_params") or {}).get("split")  # the requests asked for one split: it decides
-    by_length = {} if forced else {int(n): s for n, s in (config.get("splits_by_length") or {}).items()}
-    split = forced or config.get("split")
-    if any(s != split for s in by_length.values()):
-        split = f"{split} ({', '.join(f'{s} at {n:,} tokens' for n, s in sorted(by_length.items()) if s != split)})"
+    rf_params = config.get("rf_params") or {}
+    by_length = {int(n): s for n, s in (config.get("splits_by_length") or {}).items()}
+    split = resolve_split(rf_params, {}, config.get("split"))
+    at = {n: resolve_split(rf_params, by_length, split, n) for n in sorted(by_length)}
+    if any(s != split for s in at.values()):
+        split = f"{split} ({', '.join(f'{s} at {n:,} tokens' for n, s in at.items() if s != split)})"
     head = [
         f"## `{name}`",
         "",

@@ -40,6 +40,13 @@ class CpuProbe(Protocol):
     def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]: ...
 
 
+def resolve_split(rf_params: Mapping[str, Any], splits_by_length: Mapping[int, int], split: int,
+                  length: int | None = None) -> int:
+    """The split the RidgeFill arm runs a ``length``-token prompt at: one the requests ask for (``rf_params``),
+    else the policy's for that length (``split S from N tokens``), else the base ``split``."""
+    return int(rf_params.get("split") or splits_by_length.get(length) or split)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
@@ -88,7 +95,7 @@ class BenchConfig:
 
     def split_at(self, length: int) -> int:
         """The split the RidgeFill arm runs a ``length``-token prompt at."""
-        return int(self.rf_params.get("split") or self.splits_by_length.get(length) or self.split)
+        return resolve_split(self.rf_params, self.splits_by_length, self.split, length)
 
     @property
     def split_label(self) -> str:
