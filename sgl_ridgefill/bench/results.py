@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..tools import args as argtypes
-from .runner import resolve_split
+from .runner import resolve_split, resolve_tail
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH_DIR = REPO / "docs" / "bench"
@@ -104,7 +104,7 @@ def section(name: str, report: Mapping[str, Any]) -> str:
         "",
         _machine_line(report) + ".",
         "",
-        f"{model_name} ({model.get('num_layers', '?')} layers), S = {split}, T = {config.get('tail')}; "
+        f"{model_name} ({model.get('num_layers', '?')} layers), S = {split}, T = {resolve_tail(rf_params, config.get('tail'))}; "
         f"median of {config.get('pairs')} pairs per length, exact and RidgeFill alternating on one server, radix cache "
         f"{'flushed before every request' if config.get('flush', True) else 'not flushed'}.",
     ]

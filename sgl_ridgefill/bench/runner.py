@@ -47,6 +47,11 @@ def resolve_split(rf_params: Mapping[str, Any], splits_by_length: Mapping[int, i
     return int(rf_params.get("split") or splits_by_length.get(length) or split)
 
 
+def resolve_tail(rf_params: Mapping[str, Any], tail: int) -> int:
+    """The tail the RidgeFill arm runs at: one the requests ask for (``rf_params``), else the configured ``tail``."""
+    return int(rf_params.get("tail") or tail)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ``rf_params`` is the request's ``custom_params["ridgefill"]`` for the RidgeFill arm
@@ -104,7 +109,7 @@ class BenchConfig:
 
     @property
     def bound_tail(self) -> int:
-        return int(self.rf_params.get("tail") or self.tail)
+        return resolve_tail(self.rf_params, self.tail)
 
     @property
     def arms(self) -> tuple[str, ...]:

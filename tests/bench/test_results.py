@@ -74,6 +74,15 @@ def test_page_has_one_table_per_folder_with_every_column(bench_dir):
     assert results.FOLDER_COMMAND in page and "Made with `sgl-ridgefill bench --serve" in page
 
 
+def test_the_header_states_the_split_and_tail_the_requests_ran_at():
+    report = _report(AMX_MACHINE, [_summary(2048, 4.66, 4.25, (1.05, 1.13, 1.10), 1.33, 1.28)])
+    assert "S = 12, T = 1024;" in results.section("plain", report)
+    report["config"].update(splits_by_length={"2048": 14}, rf_params={"tail": 512})
+    assert "S = 12 (14 at 2,048 tokens), T = 512;" in results.section("by-length", report)
+    report["config"]["rf_params"] = {"split": 16, "tail": 256}
+    assert "S = 16, T = 256;" in results.section("asked", report)
+
+
 def test_regeneration_and_check(bench_dir, tmp_path, capsys):
     out = tmp_path / "BENCHMARKS.md"
     assert results.main(["--bench-dir", str(bench_dir), "--out", str(out), "--check"]) == 1
