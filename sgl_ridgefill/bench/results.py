@@ -99,12 +99,13 @@ def section(name: str, report: Mapping[str, Any]) -> str:
     at = {n: resolve_split(rf_params, by_length, split, n) for n in sorted(by_length)}
     if any(s != split for s in at.values()):
         split = f"{split} ({', '.join(f'{s} at {n:,} tokens' for n, s in at.items() if s != split)})"
+    tail = resolve_tail(rf_params, config.get("tail"))
     head = [
         f"## `{name}`",
         "",
         _machine_line(report) + ".",
         "",
-        f"{model_name} ({model.get('num_layers', '?')} layers), S = {split}, T = {resolve_tail(rf_params, config.get('tail'))}; "
+        f"{model_name} ({model.get('num_layers', '?')} layers), S = {split}, T = {tail}; "
         f"median of {config.get('pairs')} pairs per length, exact and RidgeFill alternating on one server, radix cache "
         f"{'flushed before every request' if config.get('flush', True) else 'not flushed'}.",
     ]
